@@ -1,0 +1,57 @@
+"""Parse Hermes-style tool calls (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) from model text."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+class ToolCallError(ValueError):
+    """The text is not a well-formed tool call; the message is shown to the model as the result."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+def parse_tool_call(body: str, max_chars: int = 20_000) -> ToolCall:
+    """Parse the JSON between the tags. `arguments` may be an object or a JSON string of one."""
+    if len(body) > max_chars:
+        raise ToolCallError(f"tool call longer than {max_chars} characters")
+    try:
+        data = json.loads(body.strip())
+    except (json.JSONDecodeError, RecursionError) as err:
+        raise ToolCallError(f"tool call is not valid JSON: {getattr(err, 'msg', err)}") from None
+    if not isinstance(data, dict):
+        raise ToolCallError('tool call must be a JSON object {"name": ..., "arguments": {...}}')
+    name, arguments = data.get("name"), data.get("arguments", {})
+    if not isinstance(name, str) or not name:
+        raise ToolCallError('tool call has no "name" string')
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (json.JSONDecodeError, RecursionError):
+            raise ToolCallError('"arguments" is a string that is not a JSON object') from None
+    if not isinstance(arguments, dict):
+        raise ToolCallError('"arguments" must be a JSON object')
+    return ToolCall(name, arguments)
+
+
+def last_open_call(text: str) -> str | None:
+    """The body of the last `<tool_call>` in `text` that ends the text with `</tool_call>`.
+
+    Used right after generation stopped at `</tool_call>`: returns the JSON text between the last
+    opening tag and that closing tag, or None when the closing tag has no opening tag.
+    """
+    stripped = text.rstrip()
+    if not stripped.endswith(CLOSE):
+        return None
+    start = stripped.rfind(OPEN, 0, len(stripped) - len(CLOSE))
+    if start == -1:
+        return None
+    return stripped[start + len(OPEN) : len(stripped) - len(CLOSE)]

@@ -1,0 +1,94 @@
+"""Turn the validated config into objects: the inference server(s), the dataset, the environment.
+
+The one place that knows every config group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Iterator
+
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+
+from opd.config import Config, ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_model(name: str) -> str:
+    """"fixture" -> the project's fixture model directory (built if missing); else unchanged."""
+    if name == "fixture":
+        from opd.fixture.build import ensure_fixture
+
+        return str(ensure_fixture())
+    return name
+
+
+@contextlib.contextmanager
+def inference_servers(cfg: Config, model: str, workdir: Path) -> Iterator[list[str]]:
+    """Yield the /v1 base URLs to use; a local server is started here and always stopped."""
+    if cfg.server.kind == "vllm":
+        yield list(cfg.server.base_urls)
+        return
+    from opd.serving.local_vllm import LocalVLLM, LocalVLLMSettings
+
+    settings = LocalVLLMSettings(
+        model=model,
+        served_model_name=model,
+        workdir=workdir,
+        dtype=cfg.server.dtype,
+        max_model_len=cfg.server.max_model_len,
+        max_logprobs=cfg.server.max_logprobs,
+        tool_call_parser=cfg.server.tool_call_parser,
+        cpu_kv_cache_gib=cfg.server.cpu_kv_cache_gib,
+        enforce_eager=cfg.server.enforce_eager,
+        startup_timeout_s=cfg.server.startup_timeout_s,
+        seed=cfg.seed,
+        extra_args=list(cfg.server.extra_args),
+    )
+    with LocalVLLM(settings) as server:
+        yield [server.base_url]
+
+
+def server_configs(cfg: Config, model: str, base_urls: list[str]) -> list[APIServerConfig]:
+    return [
+        APIServerConfig(
+            model_name=model,
+            base_url=url,
+            api_key=cfg.server.api_key,
+            timeout=int(max(1, cfg.server.request_timeout_s)),
+            num_max_requests_at_once=cfg.server.max_requests_in_flight,
+            num_requests_for_eval=cfg.server.max_requests_in_flight,
+            server_type="vllm",
+            health_check=False,
+        )
+        for url in base_urls
+    ]
+
+
+def load_data(cfg: Config):
+    """The environment's dataset (loaded before any server starts, so bad paths fail first)."""
+    if cfg.env.name == "inline_math":
+        from opd.data.math_sets import load_math
+
+        data = load_math(cfg.dataset)
+        logger.info("dataset %s: %d train, %d eval problems", data.source, len(data.train), len(data.eval))
+        return data
+    raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}")
+
+
+def build_env(cfg: Config, data, model: str, base_urls: list[str]):
+    """The configured environment over the given servers."""
+    if cfg.env.name == "inline_math":
+        from opd.envs.inline_math import InlineMathEnv
+
+        return InlineMathEnv(
+            cfg.env, cfg.reward, data,
+            tokenizer_path=model,
+            server_configs=server_configs(cfg, model, base_urls),
+            max_model_len=cfg.server.max_model_len,
+            seed=cfg.seed,
+        )
+    raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}")

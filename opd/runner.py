@@ -1,0 +1,134 @@
+"""The generation loop: several groups in flight, each isolated, written as soon as it is done.
+
+- Up to `groups_in_flight` groups are collected concurrently.
+- A group that raises is counted, logged once with its cause and its item retried up to
+  `max_attempts_per_item` times; then the item is given up. The run goes on.
+- Only written groups count towards `total_steps`; more than `max_failed_groups` failures end
+  the run with an error instead of looping forever.
+- Each group is checked (`opd.records.check_group`) and appended to groups.jsonl, flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from tqdm import tqdm
+
+from opd.records import GroupWriter, check_group
+
+logger = logging.getLogger(__name__)
+
+
+class GroupSource(Protocol):
+    async def get_next_item(self) -> Any: ...
+    async def collect_trajectories(self, item: Any) -> tuple[Any, list]: ...
+    def group_metrics(self, group: dict[str, Any]) -> dict[str, float]: ...
+
+
+class TooManyFailures(RuntimeError):
+    """More groups failed than `runner.max_failed_groups` allows."""
+
+
+@dataclass
+class RunStats:
+    written: int = 0
+    failed: int = 0
+    items_given_up: int = 0
+    started: float = field(default_factory=time.monotonic)
+    failure_causes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+MetricsSink = Callable[[dict[str, float], int], None]
+
+
+async def run_generation(
+    env: GroupSource,
+    writer: GroupWriter,
+    total_steps: int,
+    *,
+    groups_in_flight: int,
+    max_attempts_per_item: int,
+    max_failed_groups: int,
+    on_metrics: MetricsSink | None = None,
+    progress: bool = True,
+) -> RunStats:
+    """Write `total_steps` groups from `env` to `writer`; return what happened."""
+    stats = RunStats()
+    retry: deque[tuple[Any, int]] = deque()
+    bar = tqdm(total=total_steps, desc="groups", unit="group", disable=not progress, dynamic_ncols=True)
+
+    async def attempt(item: Any, tries: int) -> tuple[Any, int, dict[str, Any]]:
+        group, _ = await env.collect_trajectories(item)
+        return item, tries, group
+
+    in_flight: dict[asyncio.Task, tuple[Any, int]] = {}
+    try:
+        while stats.written < total_steps:
+            # Enough in flight to finish, never more than the limit.
+            while len(in_flight) < groups_in_flight and stats.written + len(in_flight) < total_steps:
+                item, tries = retry.popleft() if retry else (await env.get_next_item(), 0)
+                task = asyncio.create_task(attempt(item, tries + 1))
+                in_flight[task] = (item, tries + 1)
+            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                item, tries = in_flight.pop(task)
+                err = task.exception()
+                if err is None:
+                    group = task.result()[2]
+                    problems = check_group(group)
+                    if problems:
+                        err = ValueError("; ".join(problems[:3]))
+                if err is not None:
+                    _record_failure(stats, item, tries, err, max_attempts_per_item, retry)
+                    bar.set_postfix(failed=stats.failed)
+                    if stats.failed > max_failed_groups:
+                        raise TooManyFailures(
+                            f"{stats.failed} groups failed (runner.max_failed_groups={max_failed_groups}); "
+                            f"causes: {stats.failure_causes}"
+                        ) from err
+                    continue
+                if stats.written >= total_steps:
+                    continue
+                writer.write(group)
+                stats.written += 1
+                bar.update(1)
+                bar.set_postfix(failed=stats.failed, groups_per_s=f"{stats.written / stats.elapsed:.2f}")
+                if on_metrics is not None:
+                    metrics = dict(env.group_metrics(group))
+                    metrics.update(
+                        {
+                            "runner/groups_written": float(stats.written),
+                            "runner/groups_failed": float(stats.failed),
+                            "runner/groups_per_s": stats.written / stats.elapsed,
+                        }
+                    )
+                    on_metrics(metrics, stats.written)
+    finally:
+        for task in in_flight:
+            task.cancel()
+        if in_flight:
+            await asyncio.gather(*in_flight, return_exceptions=True)
+        bar.close()
+    return stats
+
+
+def _record_failure(stats: RunStats, item: Any, tries: int, err: BaseException, max_attempts: int, retry: deque) -> None:
+    stats.failed += 1
+    cause = type(err).__name__
+    stats.failure_causes[cause] = stats.failure_causes.get(cause, 0) + 1
+    item_id = item.get("id", "?") if isinstance(item, dict) else "?"
+    if tries < max_attempts:
+        logger.warning("group for item %s failed (attempt %d/%d), retrying: %s: %s", item_id, tries, max_attempts, cause, str(err)[:300])
+        retry.append((item, tries))
+    else:
+        stats.items_given_up += 1
+        logger.warning("group for item %s failed (attempt %d/%d), giving it up: %s: %s", item_id, tries, max_attempts, cause, str(err)[:300])

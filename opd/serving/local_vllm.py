@@ -1,0 +1,175 @@
+"""Run vLLM's OpenAI server as a child process for the length of a run.
+
+The server listens on a free loopback port; its log, caches and IPC files go to a folder of the
+run, never to /tmp or ~/.cache. `LocalVLLM` is a context manager that always stops the process
+(normal end, exception, Ctrl-C), killing its whole process group if it does not exit in time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+logger = logging.getLogger(__name__)
+
+
+class ServerStartError(RuntimeError):
+    """The local server did not become healthy; the message points at its log."""
+
+
+@dataclass
+class LocalVLLMSettings:
+    """What the child server is started with (a subset of vLLM's CLI)."""
+
+    model: str
+    served_model_name: str
+    workdir: Path
+    dtype: str = "bfloat16"
+    max_model_len: int = 4096
+    max_logprobs: int = 20
+    tool_call_parser: str | None = "hermes"
+    cpu_kv_cache_gib: int = 1
+    enforce_eager: bool = True
+    startup_timeout_s: float = 240.0
+    seed: int = 0
+    extra_args: list[str] = field(default_factory=list)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class LocalVLLM:
+    """Start, wait for and stop one vLLM OpenAI server on loopback."""
+
+    def __init__(self, settings: LocalVLLMSettings) -> None:
+        self.settings = settings
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.log_path = settings.workdir / "server.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.startup_seconds: float | None = None
+
+    def command(self) -> list[str]:
+        s = self.settings
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", s.model,
+            "--served-model-name", s.served_model_name,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--dtype", s.dtype,
+            "--max-model-len", str(s.max_model_len),
+            "--max-logprobs", str(s.max_logprobs),
+            "--seed", str(s.seed),
+            "--generation-config", "vllm",
+            "--disable-uvicorn-access-log",
+        ]
+        if s.tool_call_parser:
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
+        if s.enforce_eager:
+            cmd.append("--enforce-eager")
+        return cmd + list(s.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        work = self.settings.workdir
+        env = dict(os.environ)
+        env.update(
+            {
+                "VLLM_CPU_KVCACHE_SPACE": str(self.settings.cpu_kv_cache_gib),
+                "VLLM_CACHE_ROOT": str(work / "cache"),
+                "VLLM_RPC_BASE_PATH": str(work / "rpc"),
+                "TMPDIR": str(work / "tmp"),
+                "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+            }
+        )
+        return env
+
+    def start(self) -> str:
+        """Start the server and wait for /health; return the /v1 base URL."""
+        for sub in ("cache", "rpc", "tmp"):
+            (self.settings.workdir / sub).mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        logger.info("starting vLLM on port %d (log: %s)", self.port, self.log_path)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.environment(), start_new_session=True,
+            )
+        health = f"http://127.0.0.1:{self.port}/health"
+        deadline = started + self.settings.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.stop()
+                raise ServerStartError(
+                    f"vLLM exited with code {self.process.returncode} while starting; see {self.log_path}:\n"
+                    f"{_log_tail(self.log_path)}"
+                )
+            if _healthy(health):
+                self.startup_seconds = time.monotonic() - started
+                logger.info("vLLM healthy after %.1f s at %s", self.startup_seconds, self.base_url)
+                return self.base_url
+            time.sleep(0.5)
+        self.stop()
+        raise ServerStartError(
+            f"vLLM was not healthy after {self.settings.startup_timeout_s:g} s (server.startup_timeout_s); "
+            f"see {self.log_path}:\n{_log_tail(self.log_path)}"
+        )
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """Stop the server's process group: SIGTERM, then SIGKILL after `grace_s`."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("vLLM did not stop within %.0f s; killing it", grace_s)
+            except ProcessLookupError:
+                pass
+        # Children (engine core, workers) share the group; make sure none is left.
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+        logger.info("vLLM stopped")
+
+    def __enter__(self) -> "LocalVLLM":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

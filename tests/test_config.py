@@ -1,0 +1,106 @@
+"""The composed config tree: groups, interpolated knobs, schema errors, range checks."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from conftest import compose
+from opd.config import ConfigError, InlineMathEnvConfig, InlineMathRewardConfig, validate
+
+
+def test_default_composes_to_typed_config() -> None:
+    cfg = validate(compose())
+    assert isinstance(cfg.env, InlineMathEnvConfig)
+    assert isinstance(cfg.reward, InlineMathRewardConfig)
+    assert cfg.dataset.name == "math_builtin"
+    assert cfg.server.kind == "local" and cfg.server.model == "fixture"
+    assert cfg.tracking.uri == "sqlite:///outputs/mlflow.db"
+    assert cfg.tracking.experiment == "inline_math"
+
+
+def test_top_level_knobs_reach_groups() -> None:
+    cfg = validate(compose(["env=inline_math", "group_size=8", "total_steps=3", "seed=1", "distill_topk=32", "judge_votes=5"]))
+    assert (cfg.env.group_size, cfg.total_steps, cfg.seed) == (8, 3, 1)
+    assert cfg.server.max_logprobs == 32  # the local server is started with --max-logprobs >= K
+    assert cfg.judge.votes == 5
+
+
+def test_env_selects_dataset_and_reward_but_they_still_override() -> None:
+    cfg = validate(compose(["dataset=math_local", "dataset.path=/data/p.jsonl", "reward.weights.tool_use=0.5"]))
+    assert cfg.dataset.source == "local" and cfg.dataset.path == "/data/p.jsonl"
+    assert cfg.reward.weights.tool_use == 0.5
+    assert validate(compose(["dataset=acereason_math"])).dataset.numeric_answers_only is True
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("group_size=abc", "full_key: group_size"),
+        ("env.max_tool_calls=many", "full_key: env.max_tool_calls"),
+        ("reward.weights.correct=high", "full_key: reward.weights.correct"),
+        ("env.no_such_key=1", "env.no_such_key"),
+        ("runner.groups_in_flight=x", "full_key: runner.groups_in_flight"),
+    ],
+)
+def test_wrong_types_and_unknown_keys_fail_at_composition(override: str, message: str) -> None:
+    with pytest.raises(ConfigCompositionException) as info:
+        compose([override])
+    text = str(info.value) + str(info.value.__cause__)
+    assert message in text
+    assert isinstance(info.value.__cause__, (ValidationError, ConfigKeyError)) or "Could not override" in text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["group_size=0"], "env.group_size must be >= 1"),
+        (["total_steps=0"], "total_steps must be >= 1"),
+        (["distill_topk=0", "server.max_logprobs=1"], "distill_topk must be >= 1"),
+        (["judge_votes=0"], "judge.votes must be >= 1"),
+        (["reward.weights.tool_use=-0.1"], "reward.weights.tool_use must be >= 0"),
+        (["reward.weights.correct=-2"], "reward.weights.correct must be > reward.weights.incorrect"),
+        (["env.temperature=9"], "env.temperature must be in [0, 5]"),
+        (["env.top_p=0"], "env.top_p must be in (0, 1]"),
+        (["distill_topk=30", "server.max_logprobs=20"], "server.max_logprobs must be >= distill_topk (30), got 20"),
+        (["server=vllm", "server.model=m", "server.base_urls=[]"], "server.base_urls must be a non-empty list"),
+        (["server=vllm", "server.model=m", "server.base_urls=[localhost:8000]"], "server.base_urls must be http(s) URLs"),
+        (["dataset=math_local", "dataset.path=null"], "dataset.path must be set"),
+        (["mode=serve_forever"], "mode must be one of"),
+        (["runner.groups_in_flight=0"], "runner.groups_in_flight must be >= 1"),
+        (["env.sandbox.timeout_s=0"], "env.sandbox.timeout_s must be >= 1"),
+        (["+env.no_such_key=1"], "unknown config key(s): env.no_such_key"),
+        (["+reward.weights.speed=1"], "unknown config key(s): reward.weights.speed"),
+    ],
+)
+def test_ranges_fail_naming_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=None) as info:
+        validate(compose(overrides))
+    assert message in str(info.value)
+
+
+def test_every_config_file_has_a_comment_above_each_field() -> None:
+    """House rule: a comment above every config field (lists of defaults excepted)."""
+    from conftest import CONF
+
+    missing = []
+    for path in sorted(CONF.rglob("*.yaml")):
+        lines = path.read_text().splitlines()
+        in_defaults = False
+        for i, line in enumerate(lines):
+            stripped = line.strip()
+            if not stripped or stripped.startswith("#"):
+                continue
+            if line.startswith("defaults:"):
+                in_defaults = True
+                continue
+            if in_defaults and stripped.startswith("- "):
+                continue
+            in_defaults = False
+            if ":" in stripped and not stripped.startswith("- "):
+                above = lines[i - 1].strip() if i else ""
+                opens_section = stripped.endswith(":")
+                if not above.startswith("#") and not opens_section:
+                    missing.append(f"{path.relative_to(CONF)}:{i + 1}: {stripped}")
+    assert not missing, "fields without a comment above them:\n" + "\n".join(missing)
