@@ -31,7 +31,8 @@ def compose(overrides: list[str] | None = None):
 def fixture_model() -> str:
     from opd.fixture.build import ensure_fixture
 
-    return str(ensure_fixture())
+    override = os.environ.get("OPD_FIXTURE_DIR")
+    return override or str(ensure_fixture())
 
 
 @pytest.fixture(scope="session")

@@ -61,9 +61,14 @@ class OpenAIVLLMServer(APIServer):
         self.base_url = base
         self.root_url = base[: -len("/v1")] if base.endswith("/v1") else base
         self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
 
     def _client(self) -> aiohttp.ClientSession:
+        # A session belongs to one event loop; a new loop (another asyncio.run) gets a new one.
+        if self._session is not None and self._session_loop is not asyncio.get_running_loop():
+            self._session = None
         if self._session is None or self._session.closed:
+            self._session_loop = asyncio.get_running_loop()
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout),
                 connector=aiohttp.TCPConnector(limit=0),

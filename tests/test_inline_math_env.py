@@ -1,0 +1,162 @@
+"""inline_math with a scripted server: token bookkeeping, masking of inserted tool text, rewards.
+
+The scripted server returns fixed token ids, so these tests pin the environment's logic; the
+real-server behaviour is covered in test_launch_vllm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from atroposlib.envs.server_handling.server_baseline import APIServer, APIServerConfig
+
+from conftest import compose
+from opd.config import validate
+from opd.data.math_sets import MathData
+from opd.envs.inline_math import InlineMathEnv
+from opd.records import MASK, MASKED_LOGPROB, check_group
+
+
+class ScriptedServer(APIServer):
+    """Answers tokens_and_logprobs requests from a queue of (text, finish_reason) replies."""
+
+    script: list[tuple[str, str]] = []
+    tokenizer = None
+    prompts: list[list[int]] = []
+
+    async def check_server_status_task(self, chat_completion: bool = True) -> None:
+        self.server_healthy = True
+
+    async def _completion_wrapper(self, **kwargs):
+        raise NotImplementedError
+
+    async def _chat_completion_wrapper(self, **kwargs):
+        raise NotImplementedError
+
+    async def _tokens_and_logprobs_completion_wrapper(self, **kwargs):
+        prompt = kwargs["input_ids"]
+        ScriptedServer.prompts.append(list(prompt))
+        text, finish = ScriptedServer.script.pop(0)
+        ids = ScriptedServer.tokenizer.encode(text, add_special_tokens=False)
+        ids = ids[: kwargs["max_tokens"]]
+        return prompt, [ids], [[-0.25] * len(ids)], [finish]
+
+
+class ScriptedMathEnv(InlineMathEnv):
+    server_cls = ScriptedServer
+
+
+@pytest.fixture
+def make_env(fixture_model: str, tokenizer):
+    ScriptedServer.tokenizer = tokenizer
+    ScriptedServer.prompts = []
+
+    def build(script: list[tuple[str, str]], overrides: list[str] | None = None) -> ScriptedMathEnv:
+        ScriptedServer.script = list(script)
+        cfg = validate(compose(["group_size=1", *(overrides or [])]))
+        data = MathData(train=[{"id": "t0", "problem": "What is 2 + 3?", "answer": "5"}], eval=[], source="test")
+        configs = [APIServerConfig(model_name="m", base_url="http://scripted/v1", api_key="x", health_check=False)]
+        return ScriptedMathEnv(cfg.env, cfg.reward, data, tokenizer_path=fixture_model, server_configs=configs, max_model_len=4096, seed=0)
+
+    return build
+
+
+CALL = '<think>\nI will compute 2 + 3.\n<tool_call>\n{"name": "calculator", "arguments": {"expr": "2 + 3"}}\n</tool_call>'
+ANSWER = "The tool gives 5.\n</think>\n\nThe answer is \\boxed{5}.<|im_end|>"
+
+
+def collect(env: ScriptedMathEnv) -> dict:
+    item = asyncio.run(env.get_next_item())
+    group, _ = asyncio.run(env.collect_trajectories(item))
+    return group
+
+
+def test_tool_response_is_inserted_masked_and_generation_continues(make_env, tokenizer) -> None:
+    env = make_env([(CALL, "stop"), (ANSWER, "stop")])
+    group = collect(env)
+    assert check_group(group) == []
+    tokens, masks, logprobs = group["tokens"][0], group["masks"][0], group["inference_logprobs"][0]
+    prompt = ScriptedServer.prompts[0]
+    # The second request continues from exactly: prompt + sampled ids + inserted response ids.
+    second = ScriptedServer.prompts[1]
+    assert second == tokens[: len(second)] and second[: len(prompt)] == prompt
+    call_ids = tokenizer.encode(CALL, add_special_tokens=False)
+    assert tokens[len(prompt) : len(prompt) + len(call_ids)] == call_ids
+    inserted = tokens[len(prompt) + len(call_ids) : len(second)]
+    assert json.loads(tokenizer.decode(inserted).split("<tool_response>")[1].split("</tool_response>")[0]) == {"value": 5}
+    # Prompt and inserted response: masked, placeholder logprob; sampled ids: trained with their logprobs.
+    for position, (token, mask, lp) in enumerate(zip(tokens, masks, logprobs)):
+        generated = position >= len(prompt) and not (len(prompt) + len(call_ids) <= position < len(second))
+        assert (mask, lp) == ((token, -0.25) if generated else (MASK, MASKED_LOGPROB)), position
+    # </tool_call> appears once: the sampled id, not appended again.
+    assert tokens[len(prompt) :].count(tokenizer.convert_tokens_to_ids("</tool_call>")) == 1
+    assert group["scores"] == [pytest.approx(1.2)]
+    assert group["overrides"][0]["reward_signals"] == {"correctness": 1.0, "tool_use": pytest.approx(0.2), "format": 0.0}
+
+
+def test_malformed_call_gets_an_error_result_and_the_rollout_goes_on(make_env, tokenizer) -> None:
+    bad = "<think>\n<tool_call>\n{'name': 'calculator'}\n</tool_call>"
+    env = make_env([(bad, "stop"), (ANSWER, "stop")])
+    group = collect(env)
+    details = group["overrides"][0]
+    assert details["tool_calls"] == 0 and details["tool_errors"] == 1
+    assert "not valid JSON" in tokenizer.decode(group["tokens"][0])
+    assert group["scores"] == [1.0]  # correct answer, but no tool ran: no bonus
+
+
+def test_hostile_calculator_input_is_an_error_result(make_env, tokenizer) -> None:
+    hostile = '<think>\n<tool_call>\n{"name": "calculator", "arguments": {"expr": "().__class__.__base__"}}\n</tool_call>'
+    env = make_env([(hostile, "stop"), (ANSWER, "stop")])
+    group = collect(env)
+    assert "not allowed" in tokenizer.decode(group["tokens"][0])
+    assert group["overrides"][0]["tool_errors"] == 1
+
+
+def test_python_tool_runs_in_the_sandbox(make_env, tokenizer) -> None:
+    call = '<think>\n<tool_call>\n{"name": "python_interpreter", "arguments": {"code": "x = 2 + 3\\nx"}}\n</tool_call>'
+    env = make_env([(call, "stop"), (ANSWER, "stop")])
+    group = collect(env)
+    text = tokenizer.decode(group["tokens"][0])
+    assert '"stdout": "5\\n"' in text and group["overrides"][0]["tool_calls"] == 1
+
+
+def test_tool_call_limit_is_enforced(make_env, tokenizer) -> None:
+    env = make_env([(CALL, "stop")] * 3 + [(ANSWER, "stop")], ["env.max_tool_calls=2"])
+    group = collect(env)
+    assert group["overrides"][0]["tool_calls"] == 2
+    assert "tool call limit (2) reached" in tokenizer.decode(group["tokens"][0])
+
+
+@pytest.mark.parametrize(
+    ("reply", "score", "finish"),
+    [
+        ("<think>no tools</think> The answer is \\boxed{5}.<|im_end|>", 1.0, "eos"),
+        ("<think>no tools</think> The answer is \\boxed{4}.<|im_end|>", -1.0, "eos"),
+        ("<think>never closed \\boxed{5}<|im_end|>", -3.0, "eos"),
+        ("<think>x</think>" + '<tool_call>\n{"name": "calculator", "arguments": {"expr": "1"}}\n</tool_call>', -3.0, "tool_after_think"),
+    ],
+)
+def test_reward_signals(make_env, reply: str, score: float, finish: str) -> None:
+    env = make_env([(reply, "stop")])
+    group = collect(env)
+    assert group["scores"] == [pytest.approx(score)]
+    assert group["overrides"][0]["finish"] == finish
+
+
+def test_token_budget_bounds_the_rollout(make_env) -> None:
+    long_text = "<think>" + "word " * 400
+    env = make_env([(long_text, "length")] * 10, ["env.max_new_tokens=100", "env.max_tokens_per_segment=60"])
+    group = collect(env)
+    details = group["overrides"][0]
+    assert details["generated_tokens"] == 100 and details["finish"] == "max_new_tokens"
+
+
+def test_successes_feed_the_dynamic_pool(make_env) -> None:
+    env = make_env([(CALL, "stop"), (ANSWER, "stop"), (CALL, "stop"), (ANSWER, "stop")])
+    collect(env)
+    assert len(env.dynamic_pool) == 1 and env.dynamic_pool[0][0] == "What is 2 + 3?"
+    before = len(ScriptedServer.prompts[0])
+    collect(env)
+    assert len(ScriptedServer.prompts[2]) > before  # the pool example is now in the prompt

@@ -1,0 +1,155 @@
+"""End to end against a real vLLM server running the fixture model: records, logprobs, MLflow."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+
+from conftest import ROOT, compose
+from opd.records import MASK, check_group, read_groups
+from opd.runner import TooManyFailures
+from opd.serving.local_vllm import free_port
+from opd.serving.vllm_client import OpenAIVLLMServer, ServerRequestError
+
+pytestmark = pytest.mark.vllm
+
+
+def launch_in_process(tmp_path: Path, fixture_model: str, url: str, overrides: list[str]) -> float:
+    from experiments.launch import launch
+
+    cfg = compose(
+        [
+            "server=vllm", f"server.model={fixture_model}", f"server.base_urls=[{url}]",
+            f"output_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+            f"tracking.artifact_root={tmp_path / 'mlruns'}", "runner.progress=false", *overrides,
+        ]
+    )
+    return launch(cfg)
+
+
+def only_run(tmp_path: Path):
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("inline_math")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1
+    return client, runs[0]
+
+
+def test_three_groups_line_up_with_the_server_and_land_in_mlflow(tmp_path, fixture_model, vllm_url) -> None:
+    objective = launch_in_process(tmp_path, fixture_model, vllm_url, ["total_steps=3", "group_size=4"])
+    groups = list(read_groups(tmp_path / "run" / "groups.jsonl"))
+    assert len(groups) == 3
+    for group in groups:
+        assert check_group(group) == []
+        assert len(group["tokens"]) == 4
+    # The stored logprobs are the server's: rescoring the exact ids gives the same values.
+    server = OpenAIVLLMServer(APIServerConfig(model_name=fixture_model, base_url=vllm_url, api_key="x", timeout=60))
+    tokens, masks, stored = groups[0]["tokens"][0], groups[0]["masks"][0], groups[0]["inference_logprobs"][0]
+
+    async def rescore() -> dict:
+        try:
+            return await server.get_logprobs(input_ids=tokens, top_k=1)
+        finally:
+            await server.close()
+
+    scored = asyncio.run(rescore())
+    generated = [i for i, m in enumerate(masks) if m != MASK]
+    assert generated and all(masks[i] == tokens[i] for i in generated)
+    diffs = sorted(abs(scored["prompt_token_logprobs"][i] - stored[i]) for i in generated)
+    assert diffs[len(diffs) // 2] < 0.02 and diffs[-1] < 0.3, diffs[-5:]
+
+    client, run = only_run(tmp_path)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["env.name"] == "inline_math" and run.data.params["total_steps"] == "3"
+    assert run.data.tags["env"] == "inline_math" and run.data.tags["server"] == "vllm"
+    history = client.get_metric_history(run.info.run_id, "reward/mean")
+    assert [m.step for m in history] == [1, 2, 3]
+    assert objective == pytest.approx(sum(m.value for m in history) / 3)
+    assert {"accuracy", "tool_use_rate", "runner/groups_per_s", "reward/correctness"} <= set(run.data.metrics)
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "data")} | {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "data/groups.jsonl", "data/groups.html"} <= artifacts
+    assert (tmp_path / "run" / "config.yaml").read_text().startswith("env:")
+
+
+def test_evaluate_mode_logs_eval_metrics(tmp_path, fixture_model, vllm_url) -> None:
+    accuracy = launch_in_process(tmp_path, fixture_model, vllm_url, ["mode=evaluate", "dataset.eval_size=8"])
+    client, run = only_run(tmp_path)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["eval/items"] == 8 and run.data.metrics["eval/failed_items"] == 0
+    assert run.data.metrics["eval/accuracy"] == accuracy and 0 <= accuracy <= 1
+
+
+def test_topk_rows_are_normalised_to_exactly_k(fixture_model, vllm_url, tokenizer) -> None:
+    server = OpenAIVLLMServer(APIServerConfig(model_name=fixture_model, base_url=vllm_url, api_key="x", timeout=60))
+    ids = tokenizer.encode("<think>\nI will compute 2 + 3.\n</think> The answer is \\boxed{5}.")
+    result = asyncio.run(server.get_logprobs(input_ids=ids, top_k=5))  # a fresh loop: a fresh session
+    assert result["prompt_topk_token_ids"][0] == [] and result["prompt_token_logprobs"][0] is None
+    for row_ids, row_lps, actual in zip(result["prompt_topk_token_ids"][1:], result["prompt_topk_logprobs"][1:], result["prompt_token_logprobs"][1:]):
+        assert len(row_ids) == len(row_lps) == 5
+        assert row_lps == sorted(row_lps, reverse=True) and actual is not None and actual <= row_lps[0] + 1e-6
+
+    async def too_many() -> None:
+        try:
+            await server.get_logprobs(input_ids=ids, top_k=21)
+        finally:
+            await server.close()
+
+    with pytest.raises(Exception) as info:
+        asyncio.run(too_many())
+    cause = info.value.last_attempt.exception() if hasattr(info.value, "last_attempt") else info.value
+    assert isinstance(cause, ServerRequestError) and cause.status == 400 and "max allowed: 20" in str(cause)
+
+
+def test_a_server_that_is_down_fails_the_run_clearly(tmp_path, fixture_model) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    started = time.monotonic()
+    with pytest.raises(TooManyFailures) as info:
+        launch_in_process(tmp_path, fixture_model, dead, ["total_steps=1", "group_size=1", "runner.max_failed_groups=0", "runner.groups_in_flight=1"])
+    assert "ServerRequestError" in str(info.value)
+    assert "Connect" in str(info.value.__cause__) and dead in str(info.value.__cause__)
+    assert time.monotonic() - started < 90
+    _, run = only_run(tmp_path)
+    assert run.info.status == "FAILED"
+
+
+@pytest.mark.slow
+def test_readme_command_runs_with_the_embedded_server(tmp_path) -> None:
+    """`python -m experiments.launch env=inline_math` as a user runs it: own vLLM, stopped at the end."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.launch", "env=inline_math", "total_steps=2", "group_size=2",
+         f"hydra.run.dir={run_dir}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+         f"tracking.artifact_root={tmp_path / 'mlruns'}", "runner.progress=false"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list(read_groups(run_dir / "groups.jsonl"))) == 2
+    log = (run_dir / "launch.log").read_text()
+    assert "vLLM healthy after" in log and "vLLM stopped" in log
+    assert "Application startup complete" in (run_dir / "vllm" / "server.log").read_text()
+    port = re.search(r"starting vLLM on port (\d+)", log).group(1)
+    leftover = subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", "the embedded vLLM outlived the run"
+
+
+def test_bad_config_fails_before_any_server_starts(tmp_path) -> None:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.launch", "reward.weights.tool_use=-1", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "reward.weights.tool_use must be >= 0, got -1" in proc.stdout + proc.stderr
+    assert not (tmp_path / "vllm").exists() and time.monotonic() - started < 60
