@@ -116,24 +116,20 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    """Run `code` in a fresh sandbox directory and return its captured, truncated output.
+async def run_command(argv: list[str], workdir: str, limits: SandboxLimits) -> SandboxResult:
+    """Run `argv` in `workdir` under `limits`; output is captured to files there, then removed.
 
-    Never raises for anything the code does; every process the code started is killed when this
-    returns. The directory is removed afterwards.
+    Never raises for anything the command does; every process it started is killed when this
+    returns.
     """
-    workdir = tempfile.mkdtemp(prefix="opd-sandbox-")
     started = time.monotonic()
+    out_path, err_path = os.path.join(workdir, ".stdout"), os.path.join(workdir, ".stderr")
+    # The project's interpreter first, so `python` in a command means the one running us.
+    env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
     try:
-        snippet = os.path.join(workdir, "snippet.py")
-        with open(snippet, "w", encoding="utf-8") as handle:
-            handle.write(code)
-        out_path, err_path = os.path.join(workdir, ".stdout"), os.path.join(workdir, ".stderr")
-        env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-c", _RUNNER, snippet,
-                cwd=workdir, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
+                *argv, cwd=workdir, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
                 preexec_fn=lambda: _preexec(limits), close_fds=True,
             )
         timed_out = False
@@ -148,15 +144,31 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
                 await proc.wait()
         stdout = _read_truncated(out_path, limits.output_chars)
         stderr = _read_truncated(err_path, limits.output_chars)
-        code_ = proc.returncode
-        if timed_out:
-            error = f"timed out after {limits.timeout_s:g} s"
-        elif code_ is not None and code_ < 0:
-            error = f"killed by signal {signal.Signals(-code_).name} (a resource limit was hit)"
-        elif code_ != 0:
-            error = f"exited with code {code_}"
-        else:
-            error = None
-        return SandboxResult(stdout, stderr, None if timed_out else code_, timed_out, error, time.monotonic() - started)
+    finally:
+        for path in (out_path, err_path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    code = proc.returncode
+    if timed_out:
+        error = f"timed out after {limits.timeout_s:g} s"
+    elif code is not None and code < 0:
+        error = f"killed by signal {signal.Signals(-code).name} (a resource limit was hit)"
+    elif code != 0:
+        error = f"exited with code {code}"
+    else:
+        error = None
+    return SandboxResult(stdout, stderr, None if timed_out else code, timed_out, error, time.monotonic() - started)
+
+
+async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+    """Run `code` in a fresh sandbox directory (removed afterwards); see `run_command`."""
+    workdir = tempfile.mkdtemp(prefix="opd-sandbox-")
+    try:
+        snippet = os.path.join(workdir, "snippet.py")
+        with open(snippet, "w", encoding="utf-8") as handle:
+            handle.write(code)
+        return await run_command([sys.executable, "-I", "-c", _RUNNER, snippet], workdir, limits)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
