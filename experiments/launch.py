@@ -46,6 +46,7 @@ async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any) -> di
             tracker.log_metrics(metrics, step)
 
     try:
+        await env.setup()
         with GroupWriter(groups_path, fsync=typed.runner.fsync) as writer:
             stats = await run_generation(
                 env, writer, typed.total_steps,
@@ -71,6 +72,7 @@ async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any) -> di
 
 async def _evaluate(env: Any, typed: Config) -> dict[str, float]:
     try:
+        await env.setup()
         return await env.evaluate(concurrency=typed.runner.groups_in_flight * typed.group_size)
     finally:
         await env.close()

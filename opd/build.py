@@ -73,10 +73,43 @@ def load_data(cfg: Config):
     if cfg.env.name == "inline_math":
         from opd.data.math_sets import load_math
 
+        if cfg.dataset.source == "humaneval":
+            raise ConfigError("dataset.source: humaneval holds coding tasks; env=inline_math needs math problems")
         data = load_math(cfg.dataset)
-        logger.info("dataset %s: %d train, %d eval problems", data.source, len(data.train), len(data.eval))
-        return data
+    elif cfg.env.name == "opd_coding":
+        from opd.data.coding_sets import load_coding
+
+        data = load_coding(cfg.dataset)
+    else:
+        if cfg.env.name == "opd_coding":
+        from opd.envs.opd_coding import OPDCodingEnv
+
+        return OPDCodingEnv(
+            cfg.env, cfg.reward, cfg.judge, data,
+            tokenizer_path=model,
+            server_configs=server_configs(cfg, model, base_urls),
+            max_model_len=cfg.server.max_model_len,
+            seed=cfg.seed,
+            judge_server=judge_server(cfg),
+        )
     raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}")
+    logger.info("dataset %s: %d train, %d eval items", data.source, len(data.train), len(data.eval))
+    return data
+
+
+def judge_server(cfg: Config):
+    """A ServerManager for judge=server (None: the judge uses the policy's server)."""
+    if cfg.judge.kind != "server":
+        return None
+    from atroposlib.envs.server_handling.server_manager import ServerManager
+
+    from opd.serving.vllm_client import OpenAIVLLMServer
+
+    config = APIServerConfig(
+        model_name=cfg.judge.model, base_url=cfg.judge.base_url, api_key=cfg.judge.api_key,
+        timeout=int(max(1, cfg.server.request_timeout_s)), server_type="vllm", health_check=False,
+    )
+    return ServerManager([config], server_class=OpenAIVLLMServer)
 
 
 def build_env(cfg: Config, data, model: str, base_urls: list[str]):
@@ -90,5 +123,16 @@ def build_env(cfg: Config, data, model: str, base_urls: list[str]):
             server_configs=server_configs(cfg, model, base_urls),
             max_model_len=cfg.server.max_model_len,
             seed=cfg.seed,
+        )
+    if cfg.env.name == "opd_coding":
+        from opd.envs.opd_coding import OPDCodingEnv
+
+        return OPDCodingEnv(
+            cfg.env, cfg.reward, cfg.judge, data,
+            tokenizer_path=model,
+            server_configs=server_configs(cfg, model, base_urls),
+            max_model_len=cfg.server.max_model_len,
+            seed=cfg.seed,
+            judge_server=judge_server(cfg),
         )
     raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}")

@@ -79,7 +79,37 @@ def check_group(group: dict[str, Any]) -> list[str]:
                 if mask == MASK and value != MASKED_LOGPROB:
                     problems.append(f"inference_logprobs[{i}][{p}] on a masked position must be {MASKED_LOGPROB}")
                     break
+    if group.get("distill_token_ids") is not None or group.get("distill_logprobs") is not None:
+        problems += _check_distill(group)
     return problems
+
+
+def _check_distill(group: dict[str, Any]) -> list[str]:
+    """K entries per row, pads only where no teacher row exists, rows only on generated tokens."""
+    ids, lps, tokens, masks = group.get("distill_token_ids"), group.get("distill_logprobs"), group["tokens"], group["masks"]
+    if not isinstance(ids, list) or not isinstance(lps, list) or len(ids) != len(tokens) or len(lps) != len(tokens):
+        return ["distill_token_ids and distill_logprobs must both have one entry per sequence"]
+    k = None
+    for i, (seq_ids, seq_lps) in enumerate(zip(ids, lps)):
+        if len(seq_ids) != len(tokens[i]) or len(seq_lps) != len(tokens[i]):
+            return [f"distill arrays of sequence {i} must have one row per token ({len(tokens[i])})"]
+        for p, (row_ids, row_lps) in enumerate(zip(seq_ids, seq_lps)):
+            k = len(row_ids) if k is None else k
+            where = f"distill row [{i}][{p}]"
+            if len(row_ids) != k or len(row_lps) != k or k == 0:
+                return [f"{where} has {len(row_ids)} ids / {len(row_lps)} logprobs, expected K={k}"]
+            pads = [t == DISTILL_PAD_ID for t in row_ids]
+            if any(pads):
+                if not all(pads) or any(lp != DISTILL_PAD_LOGPROB for lp in row_lps):
+                    return [f"{where} mixes pads and teacher entries"]
+                continue
+            if masks[i][p] == MASK:
+                return [f"{where} is a teacher row on a masked (not generated) position"]
+            if any(t < 0 for t in row_ids) or any(not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 0 for lp in row_lps):
+                return [f"{where} has a negative id or a logprob that is not finite and <= 0"]
+            if any(a < b for a, b in zip(row_lps, row_lps[1:])):
+                return [f"{where} is not sorted by logprob"]
+    return []
 
 
 def to_jsonable(value: Any) -> Any:

@@ -14,7 +14,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServer, APIServer
 
 from conftest import compose
 from opd.config import validate
-from opd.data.math_sets import MathData
+from opd.data.math_sets import TaskSet
 from opd.envs.inline_math import InlineMathEnv
 from opd.records import MASK, MASKED_LOGPROB, check_group
 
@@ -56,7 +56,7 @@ def make_env(fixture_model: str, tokenizer):
     def build(script: list[tuple[str, str]], overrides: list[str] | None = None) -> ScriptedMathEnv:
         ScriptedServer.script = list(script)
         cfg = validate(compose(["group_size=1", *(overrides or [])]))
-        data = MathData(train=[{"id": "t0", "problem": "What is 2 + 3?", "answer": "5"}], eval=[], source="test")
+        data = TaskSet(train=[{"id": "t0", "problem": "What is 2 + 3?", "answer": "5"}], eval=[], source="test")
         configs = [APIServerConfig(model_name="m", base_url="http://scripted/v1", api_key="x", health_check=False)]
         return ScriptedMathEnv(cfg.env, cfg.reward, data, tokenizer_path=fixture_model, server_configs=configs, max_model_len=4096, seed=0)
 

@@ -23,8 +23,8 @@ _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
 @dataclass
-class MathData:
-    """Problems for training and the held-out evaluation split, plus where they came from."""
+class TaskSet:
+    """Items for training and the held-out evaluation split, plus where they came from."""
 
     train: list[Row]
     eval: list[Row]
@@ -32,7 +32,7 @@ class MathData:
     skipped: int = 0
 
 
-def _records(cfg: DatasetConfig):
+def records(cfg: DatasetConfig):
     """Iterate raw records of a local file or hub dataset (lazy for streamed hub sets)."""
     import datasets
 
@@ -53,16 +53,16 @@ def _records(cfg: DatasetConfig):
         ) from None
 
 
-def load_math(cfg: DatasetConfig) -> MathData:
+def load_math(cfg: DatasetConfig) -> TaskSet:
     """Rows of the configured source, split into train and held-out eval by `cfg.split_seed`."""
     if cfg.source == "builtin":
         problems = math_builtin.generate(cfg.builtin_size)
         rows = [{"id": f"builtin-{i}", "problem": p["problem"], "answer": p["answer"]} for i, p in enumerate(problems)]
         train, held = train_eval_split(rows, cfg.eval_size, cfg.split_seed)
-        return MathData(train, held, source=f"builtin:{cfg.builtin_size}")
+        return TaskSet(train, held, source=f"builtin:{cfg.builtin_size}")
     rows: list[Row] = []
     skipped, sample = 0, None
-    for index, record in enumerate(_records(cfg)):
+    for index, record in enumerate(records(cfg)):
         if cfg.max_rows is not None and len(rows) >= cfg.max_rows:
             break
         for key, column in (("dataset.prompt_field", cfg.prompt_field), ("dataset.answer_field", cfg.answer_field)):
@@ -80,4 +80,4 @@ def load_math(cfg: DatasetConfig) -> MathData:
     if len(rows) <= cfg.eval_size:
         raise ConfigError(f"dataset.eval_size: {cfg.eval_size} held out of only {len(rows)} usable rows in {cfg.path}")
     train, held = train_eval_split(rows, cfg.eval_size, cfg.split_seed)
-    return MathData(train, held, source=f"{cfg.source}:{cfg.path}", skipped=skipped)
+    return TaskSet(train, held, source=f"{cfg.source}:{cfg.path}", skipped=skipped)

@@ -56,9 +56,10 @@ class Sequence:
 
 
 def unwrap_retry(err: BaseException) -> BaseException:
-    """atroposlib wraps failures of its retried calls in tenacity.RetryError: return the cause."""
-    if isinstance(err, tenacity.RetryError) and err.last_attempt.exception() is not None:
-        return err.last_attempt.exception()  # type: ignore[return-value]
+    """atroposlib wraps failures of its retried calls in tenacity.RetryError (sometimes twice):
+    return the cause."""
+    while isinstance(err, tenacity.RetryError) and err.last_attempt.exception() is not None:
+        err = err.last_attempt.exception()  # type: ignore[assignment]
     return err
 
 

@@ -109,6 +109,11 @@ class OpenAIVLLMServer(APIServer):
         """
         self.server_healthy = True
 
+    async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
+        """atroposlib 0.4.0 retries `chat_completion` twice over (3 x 3 attempts, with backoff);
+        keep only the inner retry, as for every other call."""
+        return await APIServer.chat_completion.__wrapped__(self, **kwargs)  # type: ignore[attr-defined]
+
     async def _completion_wrapper(self, **kwargs: Any) -> Completion:
         return Completion.model_validate(await self._post("/completions", kwargs))
 

@@ -125,7 +125,9 @@ async def run_command(argv: list[str], workdir: str, limits: SandboxLimits) -> S
     started = time.monotonic()
     out_path, err_path = os.path.join(workdir, ".stdout"), os.path.join(workdir, ".stderr")
     # The project's interpreter first, so `python` in a command means the one running us.
-    env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+    env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+           # A rewrite within the same second and of the same size would otherwise run stale bytecode.
+           "PYTHONDONTWRITEBYTECODE": "1"}
     try:
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = await asyncio.create_subprocess_exec(

@@ -1,0 +1,58 @@
+"""The hindsight judge: votes on one turn pair, a decision rule and the choice of hint."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from opd.distill.judge_prompt import Vote, judge_messages, parse_vote
+from opd.distill.turn_pairs import TurnPair
+
+logger = logging.getLogger(__name__)
+
+# (messages, n, max_tokens, temperature) -> the n answer texts
+ChatFn = Callable[[list[dict[str, str]], int, int, float], Awaitable[list[str]]]
+
+
+@dataclass
+class Judgement:
+    votes: list[Vote] = field(default_factory=list)
+    decision: int | None = None  # 1: use a hint; -1: no hindsight; None: no parseable vote
+    hint: str | None = None
+
+    @property
+    def unparseable(self) -> int:
+        return sum(v.decision is None for v in self.votes)
+
+
+def decide(votes: list[Vote], rule: str) -> int | None:
+    """majority: more 1 than -1 among parseable votes; any: one 1 is enough; unanimous: all 1."""
+    parsed = [v.decision for v in votes if v.decision is not None]
+    if not parsed:
+        return None
+    positive = parsed.count(1)
+    if rule == "any":
+        return 1 if positive else -1
+    if rule == "unanimous":
+        return 1 if positive == len(parsed) else -1
+    return 1 if positive > len(parsed) - positive else -1
+
+
+def choose_hint(votes: list[Vote], min_chars: int, choice: str) -> str | None:
+    """Among positive votes with a hint longer than `min_chars`: the longest, or the first."""
+    hints = [v.hint for v in votes if v.decision == 1 and len(v.hint.strip()) > min_chars]
+    if not hints:
+        return None
+    return max(hints, key=len) if choice == "longest" else hints[0]
+
+
+async def judge_pair(pair: TurnPair, chat: ChatFn, *, votes: int, max_tokens: int, temperature: float, rule: str, min_hint_chars: int, hint_choice: str) -> Judgement:
+    """Ask for `votes` verdicts in one request; raises what the server raised."""
+    messages = judge_messages(pair.response_text, pair.next_state_text, pair.next_state_role)
+    texts = await chat(messages, votes, max_tokens, temperature)
+    judgement = Judgement(votes=[parse_vote(t) for t in texts])
+    judgement.decision = decide(judgement.votes, rule)
+    if judgement.decision == 1:
+        judgement.hint = choose_hint(judgement.votes, min_hint_chars, hint_choice)
+    return judgement

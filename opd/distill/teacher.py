@@ -1,0 +1,56 @@
+"""Teacher scoring: the same model, given the hint, scores the student's own sampled tokens.
+
+The hinted context (rendered by the chat template, with the generation prompt) is followed by
+the exact ids the student sampled in that turn, and one prompt-logprob request returns the
+teacher's top-K at every position. Row i of the turn is the teacher's distribution for the
+student's i-th token, so the rows land on the student's tokens by construction.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+HINT_HEADER = "[hint]"
+
+# (input_ids, top_k) -> atroposlib get_logprobs payload (ours also has prompt_token_logprobs)
+ScoreFn = Callable[[list[int], int], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class TeacherRows:
+    """Per student position of the turn: top-K ids and logprobs, and the sampled token's logprob."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    sampled_logprobs: list[float | None]
+
+
+def with_hint(context: list[dict[str, Any]], hint: str, placement: str) -> list[dict[str, Any]]:
+    """The context with the hint added: appended to the last user message (`last_user`, the
+    reference's choice), to the system message (`system`), or as a new user message at the end
+    (`new_user`)."""
+    messages = copy.deepcopy(context)
+    text = f"\n\n{HINT_HEADER}\n{hint.strip()}"
+    if placement == "new_user":
+        return messages + [{"role": "user", "content": f"{HINT_HEADER}\n{hint.strip()}"}]
+    role = "system" if placement == "system" else "user"
+    for message in reversed(messages):
+        if message.get("role") == role:
+            message["content"] = f"{message.get('content') or ''}{text}"
+            return messages
+    return messages + [{"role": "user", "content": f"{HINT_HEADER}\n{hint.strip()}"}]
+
+
+async def score_turn(tokenizer: Any, context: list[dict[str, Any]], tools: list[dict] | None, turn_ids: list[int], hint: str, placement: str, top_k: int, score: ScoreFn) -> TeacherRows:
+    prompt = tokenizer.apply_chat_template(with_hint(context, hint, placement), tools=tools, add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    result = await score(prompt_ids + list(turn_ids), top_k)
+    first = len(prompt_ids)
+    ids = result["prompt_topk_token_ids"][first:]
+    lps = result["prompt_topk_logprobs"][first:]
+    sampled = result["prompt_token_logprobs"][first:]
+    if len(ids) != len(turn_ids) or any(len(row) != top_k for row in ids):
+        raise ValueError(f"teacher rows do not cover the turn: {len(ids)} rows for {len(turn_ids)} tokens, K={top_k}")
+    return TeacherRows(ids, lps, sampled)

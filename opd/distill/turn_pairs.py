@@ -1,0 +1,52 @@
+"""Turn pairs: each assistant turn with the state that followed it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from opd.agent.loop import AgentRollout, TurnSpan
+
+
+@dataclass(frozen=True)
+class TurnPair:
+    """One assistant turn (its span in the sequence and its text), the context before it, and
+    the next state: every tool result up to the next assistant turn, or a user reply."""
+
+    span: TurnSpan
+    context: list[dict[str, Any]]
+    response_text: str
+    next_state_text: str
+    next_state_role: str
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"\n...[truncated at {limit} characters]"
+
+
+def turn_pairs(rollout: AgentRollout, max_state_chars: int, max_response_chars: int) -> list[TurnPair]:
+    """Pairs for every assistant turn that has a next state (tool-call-only turns included)."""
+    pairs = []
+    messages = rollout.messages
+    for span in rollout.turns:
+        following = []
+        for message in messages[span.message_index + 1 :]:
+            if message["role"] == "tool":
+                following.append(message)
+                continue
+            if message["role"] == "user" and not following:
+                following.append(message)
+            break
+        if not following:
+            continue
+        state = "\n---\n".join(str(m.get("content", "")) for m in following)
+        pairs.append(
+            TurnPair(
+                span=span,
+                context=messages[: span.message_index],
+                response_text=_cut(str(messages[span.message_index]["content"]), max_response_chars),
+                next_state_text=_cut(state, max_state_chars),
+                next_state_role=following[0]["role"],
+            )
+        )
+    return pairs

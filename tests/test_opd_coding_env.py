@@ -1,0 +1,238 @@
+"""opd_coding with a scripted server: tokens across turns, the reward's own tests, OPD rows.
+
+The scripted server answers generation from a queue of assistant turns, the judge by reading the
+next state, and scoring with deterministic rows it records; the real-server behaviour is covered
+in test_opd_vllm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from openai.types.chat import ChatCompletion
+
+from conftest import compose
+from opd.config import ConfigError, validate
+from opd.data.math_sets import TaskSet
+from opd.envs import coding_prompt
+from opd.envs.opd_coding import OPDCodingEnv
+from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, check_group
+from opd.serving.vllm_client import OpenAIVLLMServer, ServerRequestError
+
+TASK = {
+    "id": "t-add3",
+    "task": "Write a Python function `add_3(x)` that returns `x` plus 3.",
+    "test_code": "from solution import add_3\nassert add_3(1) == 4\nassert add_3(-3) == 0\nprint('All tests passed!')\n",
+}
+GOOD = "def add_3(x):\n    return x + 3\n"
+BAD = "def add_3(x):\n    return x + 4\n"
+HINT = "The assertion add_3(1) == 4 fails: return x + 3, not x + 4."
+
+
+def call(name: str, **arguments: str) -> str:
+    return coding_prompt.tool_call_text(name, arguments)
+
+
+RUN = call("terminal", command="python test_solution.py")
+
+
+class Scripted(OpenAIVLLMServer):
+    """Our real server class with its HTTP calls replaced by a script."""
+
+    turns: list[str] = []
+    tokenizer = None
+    judge_fails = False
+    scoring_error: Exception | None = None
+    scored_inputs: list[list[int]] = []
+    judge_requests: list[dict] = []
+
+    async def check_server_status_task(self, chat_completion: bool = True) -> None:
+        self.server_healthy = True
+
+    async def _completion_wrapper(self, **kwargs):
+        raise NotImplementedError
+
+    async def _tokens_and_logprobs_completion_wrapper(self, **kwargs):
+        ids = Scripted.tokenizer.encode(Scripted.turns.pop(0) + "<|im_end|>", add_special_tokens=False)
+        return kwargs["input_ids"], [ids], [[-0.5] * len(ids)], ["stop"]
+
+    async def _chat_completion_wrapper(self, **kwargs) -> ChatCompletion:
+        Scripted.judge_requests.append(kwargs)
+        if Scripted.judge_fails:
+            raise ConnectionError("judge down")
+        state = kwargs["messages"][-1]["content"]
+        text = f"\\boxed{{1}}\n[HINT_START]{HINT}[HINT_END]" if "AssertionError" in state else "\\boxed{-1}"
+        choices = [{"index": i, "finish_reason": "stop", "message": {"role": "assistant", "content": text}} for i in range(kwargs["n"])]
+        return ChatCompletion.model_validate({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": choices})
+
+    async def _get_logprobs_wrapper(self, **kwargs):
+        ids, k = kwargs["input_ids"], kwargs["top_k"]
+        if Scripted.scoring_error is not None:
+            raise Scripted.scoring_error
+        Scripted.scored_inputs.append(list(ids))
+        rows = [[(t + j) % 4000 for j in range(k)] for t in ids]
+        lps = [[-0.1 * (j + 1) for j in range(k)] for _ in ids]
+        return {"prompt_tokens": ids, "prompt_topk_token_ids": [[]] + rows[1:], "prompt_topk_logprobs": [[]] + lps[1:],
+                "prompt_token_logprobs": [None] + [-0.1] * (len(ids) - 1)}
+
+
+class ScriptedCodingEnv(OPDCodingEnv):
+    server_cls = Scripted
+
+
+@pytest.fixture
+def make_env(fixture_model: str, tokenizer):
+    Scripted.tokenizer = tokenizer
+    Scripted.judge_fails, Scripted.scoring_error = False, None
+    Scripted.scored_inputs, Scripted.judge_requests = [], []
+
+    def build(turns: list[str], overrides: list[str] | None = None) -> ScriptedCodingEnv:
+        Scripted.turns = list(turns)
+        cfg = validate(compose(["env=opd_coding", "group_size=1", "distill_topk=4", "judge_votes=3", *(overrides or [])]))
+        configs = [APIServerConfig(model_name="m", base_url="http://scripted/v1", api_key="x", health_check=False)]
+        data = TaskSet(train=[TASK], eval=[TASK], source="test")
+        return ScriptedCodingEnv(cfg.env, cfg.reward, cfg.judge, data, tokenizer_path=fixture_model, server_configs=configs, max_model_len=4096, seed=0)
+
+    return build
+
+
+def collect(env: ScriptedCodingEnv) -> dict:
+    group, _ = asyncio.run(env.collect_trajectories(TASK))
+    assert check_group(group) == []
+    return group
+
+
+def spans(group: dict) -> list[tuple[int, int]]:
+    masks = group["masks"][0]
+    out, start = [], None
+    for i, m in enumerate(masks + [MASK]):
+        if m != MASK and start is None:
+            start = i
+        elif m == MASK and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+def test_turns_are_exact_sampled_ids_with_one_end_of_turn_each(make_env, tokenizer) -> None:
+    env = make_env([call("write_file", path="solution.py", content=GOOD), RUN, "The tests pass."])
+    group = collect(env)
+    tokens = group["tokens"][0]
+    eos = tokenizer.eos_token_id
+    turns = spans(group)
+    assert len(turns) == 3
+    for (start, end), text in zip(turns, [call("write_file", path="solution.py", content=GOOD), RUN, "The tests pass."]):
+        assert tokens[start:end] == tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
+        assert group["inference_logprobs"][0][start:end] == [-0.5] * (end - start)
+    # After each turn's own end-of-turn token the template continues with a newline, never a second one.
+    for _, end in turns[:-1]:
+        assert tokens[end] != eos and tokens[end - 1] == eos
+    text = tokenizer.decode(tokens)
+    assert "wrote 31 bytes to solution.py" in text and "All tests passed!" in text and "[exit code 0]" in text
+    details = group["overrides"][0]
+    assert details["tests"] == "pass" and details["turns"] == 3 and details["finish"] == "answer"
+    assert group["scores"] == [pytest.approx(1.0)]
+
+
+def test_own_trivial_test_file_earns_no_correctness(make_env) -> None:
+    trivial = "print('All tests passed!')\n"
+    env = make_env([
+        call("write_file", path="solution.py", content=BAD),
+        call("write_file", path="test_solution.py", content=trivial),
+        RUN,
+        "All tests passed.",
+    ])
+    group = collect(env)
+    details = group["overrides"][0]
+    assert details["tests"] == "assertion" and details["reward_signals"]["correctness"] == 0.2
+    assert group["scores"][0] < 0.7
+
+
+def test_solution_that_exits_early_does_not_pass(make_env) -> None:
+    env = make_env([call("write_file", path="solution.py", content="import os\nos._exit(0)\n"), "Done."])
+    group = collect(env)
+    assert group["overrides"][0]["tests"] == "crash"
+
+
+def test_no_solution_written(make_env) -> None:
+    env = make_env(["I cannot do this."])
+    group = collect(env)
+    details = group["overrides"][0]
+    assert details["tests"] == "nothing_written" and details["tools_used"] == [] and details["reward_signals"]["tool_usage"] == 0.0
+
+
+def test_malformed_and_escaping_tool_calls_get_error_results(make_env, tokenizer) -> None:
+    env = make_env([
+        "<tool_call>\n{not json}\n</tool_call>",
+        call("read_file", path="/etc/passwd"),
+        call("write_file", path="../escape.py", content="x"),
+        call("launch_missiles"),
+        "Giving up.",
+    ])
+    group = collect(env)
+    text = tokenizer.decode(group["tokens"][0])
+    assert "not valid JSON" in text and "absolute paths are not allowed" in text and "'..' is not allowed" in text and "unknown tool" in text
+    assert group["overrides"][0]["tool_errors"] == 4
+
+
+def test_hinted_turn_carries_teacher_rows_on_its_own_tokens(make_env, tokenizer) -> None:
+    env = make_env([call("write_file", path="solution.py", content=BAD), RUN, call("write_file", path="solution.py", content=GOOD), RUN, "Fixed."])
+    group = collect(env)
+    turns = spans(group)
+    records = group["overrides"][0]["opd_turns"]
+    assert [r["span"] for r in records] == [list(t) for t in turns[:4]]  # the final answer has no next state
+    assert [r["decision"] for r in records] == [-1, 1, -1, -1] and records[1]["votes"] == [1, 1, 1]
+    assert records[1]["hint"] == HINT and records[1]["scored"] and not records[0]["scored"]
+    # One judge request per pair, all votes in it.
+    assert len(Scripted.judge_requests) == 4 and all(r["n"] == 3 for r in Scripted.judge_requests)
+    # The teacher saw the hinted context followed by exactly the student's ids of that turn.
+    (scored,) = Scripted.scored_inputs[-1:]
+    start, end = turns[1]
+    student = group["tokens"][0][start:end]
+    assert scored[-len(student):] == student
+    assert HINT in tokenizer.decode(scored[: -len(student)])
+    ids, lps = group["distill_token_ids"][0], group["distill_logprobs"][0]
+    offset = len(scored) - len(student)
+    for position in range(len(ids)):
+        if start <= position < end:
+            assert ids[position] == [(scored[offset + position - start] + j) % 4000 for j in range(4)]
+            assert group["overrides"][0]["teacher_logprobs"][position] == -0.1
+        else:
+            assert ids[position] == [DISTILL_PAD_ID] * 4 and lps[position] == [DISTILL_PAD_LOGPROB] * 4
+            assert group["overrides"][0]["teacher_logprobs"][position] is None
+    metrics = env.group_metrics(group)
+    assert metrics["opd/hint_rate"] == 0.25 and metrics["opd/turns_scored"] == 1 and metrics["opd/pairs"] == 4
+    assert metrics["opd/teacher_minus_student_lp"] == pytest.approx(-0.1 + 0.5)
+
+
+def test_judge_and_scoring_failures_are_counted_and_the_group_stays_valid(make_env, caplog) -> None:
+    env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."])
+    Scripted.judge_fails = True
+    group = collect(env)
+    records = group["overrides"][0]["opd_turns"]
+    assert all(r["error"] and "judge down" in r["error"] for r in records)
+    assert env.group_metrics(group)["opd/judge_failures"] == 2
+    assert all(row == [DISTILL_PAD_ID] * 4 for row in group["distill_token_ids"][0])
+    assert sum("OPD judge failed" in r.message for r in caplog.records) == 1  # logged once, counted always
+
+    env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."])
+    Scripted.judge_fails, Scripted.scoring_error = False, ServerRequestError("HTTP 500", 500)
+    group = collect(env)
+    assert group["overrides"][0]["opd_turns"][1]["hint"] == HINT and "HTTP 500" in group["overrides"][0]["opd_turns"][1]["error"]
+    assert env.group_metrics(group)["opd/scoring_failures"] == 1
+
+
+def test_k_above_the_server_limit_fails_before_generation(make_env) -> None:
+    env = make_env([])
+    Scripted.scoring_error = ServerRequestError("Requested prompt logprobs of 4, which is greater than max allowed: 2", 400)
+    with pytest.raises(ConfigError, match="distill_topk=4 is refused"):
+        asyncio.run(env.setup())
+
+
+def test_opd_disabled_writes_plain_records(make_env) -> None:
+    env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."], ["env.opd.enabled=false"])
+    group = collect(env)
+    assert "distill_token_ids" not in group and Scripted.judge_requests == []
