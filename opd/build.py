@@ -114,25 +114,18 @@ def judge_server(cfg: Config):
 
 def build_env(cfg: Config, data, model: str, base_urls: list[str]):
     """The configured environment over the given servers."""
+    common = {
+        "tokenizer_path": model,
+        "server_configs": server_configs(cfg, model, base_urls),
+        "max_model_len": cfg.server.max_model_len,
+        "seed": cfg.seed,
+    }
     if cfg.env.name == "inline_math":
         from opd.envs.inline_math import InlineMathEnv
 
-        return InlineMathEnv(
-            cfg.env, cfg.reward, data,
-            tokenizer_path=model,
-            server_configs=server_configs(cfg, model, base_urls),
-            max_model_len=cfg.server.max_model_len,
-            seed=cfg.seed,
-        )
+        return InlineMathEnv(cfg.env, cfg.reward, data, **common)
     if cfg.env.name == "opd_coding":
         from opd.envs.opd_coding import OPDCodingEnv
 
-        return OPDCodingEnv(
-            cfg.env, cfg.reward, cfg.judge, data,
-            tokenizer_path=model,
-            server_configs=server_configs(cfg, model, base_urls),
-            max_model_len=cfg.server.max_model_len,
-            seed=cfg.seed,
-            judge_server=judge_server(cfg),
-        )
+        return OPDCodingEnv(cfg.env, cfg.reward, cfg.judge, data, judge_server=judge_server(cfg), **common)
     raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}")

@@ -171,23 +171,37 @@ class SandboxConfig:
 
 
 @dataclass
-class InlineMathEnvConfig:
+class EnvConfig:
+    """Fields every environment has."""
+
     # Environment name (also the MLflow experiment's default name).
-    name: str = "inline_math"
+    name: str = MISSING
     # Rollouts per group (one prompt, group_size samples).
     group_size: int = 4
-    # Most tool calls executed in one rollout; later calls get an error result.
-    max_tool_calls: int = 3
-    # Most tokens the model generates in one rollout (all segments together).
-    max_new_tokens: int = 512
-    # Most tokens generated per request (one segment between tool calls).
-    max_tokens_per_segment: int = 256
     # Sampling temperature for training rollouts.
     temperature: float = 1.0
     # Nucleus sampling for training rollouts.
     top_p: float = 1.0
     # Temperature for evaluation (0: greedy).
     eval_temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        _at_least("env.group_size", self.group_size, 1)
+        _check(0 <= self.temperature <= 5, "env.temperature", "in [0, 5]", self.temperature)
+        _check(0 < self.top_p <= 1, "env.top_p", "in (0, 1]", self.top_p)
+        _check(0 <= self.eval_temperature <= 5, "env.eval_temperature", "in [0, 5]", self.eval_temperature)
+
+
+@dataclass
+class InlineMathEnvConfig(EnvConfig):
+    # Environment name (also the MLflow experiment's default name).
+    name: str = "inline_math"
+    # Most tool calls executed in one rollout; later calls get an error result.
+    max_tool_calls: int = 3
+    # Most tokens the model generates in one rollout (all segments together).
+    max_new_tokens: int = 512
+    # Most tokens generated per request (one segment between tool calls).
+    max_tokens_per_segment: int = 256
     # Static few-shot examples put before the problem (0-2).
     few_shots: int = 2
     # Successful rollouts kept for dynamic few-shots (0 disables the pool).
@@ -202,13 +216,10 @@ class InlineMathEnvConfig:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:
-        _at_least("env.group_size", self.group_size, 1)
+        super().__post_init__()
         _at_least("env.max_tool_calls", self.max_tool_calls, 0)
         _at_least("env.max_new_tokens", self.max_new_tokens, 1)
         _at_least("env.max_tokens_per_segment", self.max_tokens_per_segment, 1)
-        _check(0 <= self.temperature <= 5, "env.temperature", "in [0, 5]", self.temperature)
-        _check(0 < self.top_p <= 1, "env.top_p", "in (0, 1]", self.top_p)
-        _check(0 <= self.eval_temperature <= 5, "env.eval_temperature", "in [0, 5]", self.eval_temperature)
         _check(0 <= self.few_shots <= 2, "env.few_shots", "in [0, 2]", self.few_shots)
         _at_least("env.dynamic_pool_size", self.dynamic_pool_size, 0)
         _at_least("env.dynamic_shots", self.dynamic_shots, 0)
@@ -277,21 +288,13 @@ class OPDConfig:
 
 
 @dataclass
-class OPDCodingEnvConfig:
+class OPDCodingEnvConfig(EnvConfig):
     # Environment name (also the MLflow experiment's default name).
     name: str = "opd_coding"
-    # Rollouts per group.
-    group_size: int = 4
     # Most assistant turns per rollout.
     max_turns: int = 15
     # Most tokens generated per assistant turn.
     max_tokens_per_turn: int = 512
-    # Sampling temperature for training rollouts.
-    temperature: float = 1.0
-    # Nucleus sampling for training rollouts.
-    top_p: float = 1.0
-    # Temperature for evaluation (0: greedy).
-    eval_temperature: float = 0.0
     # System prompt (null: the built-in one in opd/envs/coding_prompt.py).
     system_prompt: Optional[str] = None
     # Largest file the file tools read or write, in characters.
@@ -302,12 +305,9 @@ class OPDCodingEnvConfig:
     opd: OPDConfig = field(default_factory=OPDConfig)
 
     def __post_init__(self) -> None:
-        _at_least("env.group_size", self.group_size, 1)
+        super().__post_init__()
         _at_least("env.max_turns", self.max_turns, 1)
         _at_least("env.max_tokens_per_turn", self.max_tokens_per_turn, 1)
-        _check(0 <= self.temperature <= 5, "env.temperature", "in [0, 5]", self.temperature)
-        _check(0 < self.top_p <= 1, "env.top_p", "in (0, 1]", self.top_p)
-        _check(0 <= self.eval_temperature <= 5, "env.eval_temperature", "in [0, 5]", self.eval_temperature)
         _at_least("env.max_file_chars", self.max_file_chars, 1)
 
 

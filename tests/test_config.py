@@ -34,6 +34,19 @@ def test_env_selects_dataset_and_reward_but_they_still_override() -> None:
     assert validate(compose(["dataset=acereason_math"])).dataset.numeric_answers_only is True
 
 
+def test_opd_coding_selects_its_dataset_reward_and_reads_the_knobs() -> None:
+    from opd.config import OPDCodingEnvConfig, OPDCodingRewardConfig
+
+    cfg = validate(compose(["env=opd_coding", "distill_topk=20", "judge_votes=5", "reward.weights.correctness=0.5"]))
+    assert isinstance(cfg.env, OPDCodingEnvConfig) and isinstance(cfg.reward, OPDCodingRewardConfig)
+    assert cfg.dataset.name == "coding_builtin" and cfg.tracking.experiment == "opd_coding"
+    assert cfg.env.opd.topk == 20 and cfg.server.max_logprobs == 20 and cfg.judge.votes == 5
+    assert cfg.reward.weights.correctness == 0.5 and cfg.reward.efficiency.steps == [[0.5, 0.8], [0.75, 0.5]]
+    assert validate(compose(["env=opd_coding", "dataset=humaneval"])).dataset.source == "humaneval"
+    judge = validate(compose(["env=opd_coding", "judge=server", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=j"])).judge
+    assert judge.kind == "server" and judge.votes == 3
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -72,6 +85,13 @@ def test_wrong_types_and_unknown_keys_fail_at_composition(override: str, message
         (["env.sandbox.timeout_s=0"], "env.sandbox.timeout_s must be >= 1"),
         (["+env.no_such_key=1"], "unknown config key(s): env.no_such_key"),
         (["+reward.weights.speed=1"], "unknown config key(s): reward.weights.speed"),
+        (["env=opd_coding", "env.max_turns=0"], "env.max_turns must be >= 1"),
+        (["env=opd_coding", "env.opd.hint_placement=anywhere"], "env.opd.hint_placement must be one of"),
+        (["env=opd_coding", "judge.decision_rule=vibes"], "judge.decision_rule must be one of"),
+        (["env=opd_coding", "reward.weights.efficiency=-1"], "reward.weights.efficiency must be >= 0"),
+        (["env=opd_coding", "reward.correctness_levels.crash=2"], "reward.correctness_levels.crash must be in [0, 1]"),
+        (["env=opd_coding", "reward.efficiency.steps=[[2.0,1.0]]"], "reward.efficiency.steps must be"),
+        (["env=opd_coding", "judge=server", "judge.base_url=null", "judge.model=m"], "judge.base_url must be set"),
     ],
 )
 def test_ranges_fail_naming_the_key(overrides: list[str], message: str) -> None:

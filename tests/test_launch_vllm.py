@@ -125,17 +125,18 @@ def test_a_server_that_is_down_fails_the_run_clearly(tmp_path, fixture_model) ->
 
 @pytest.mark.slow
 def test_readme_command_runs_with_the_embedded_server(tmp_path) -> None:
-    """`python -m experiments.launch env=inline_math` as a user runs it: own vLLM, stopped at the end."""
+    """The README's main command as a user runs it: its own vLLM, stopped at the end."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.launch", "env=inline_math", "total_steps=2", "group_size=2",
+        [sys.executable, "-m", "experiments.launch", "env=opd_coding", "distill_topk=20", "total_steps=2", "group_size=2", "env.max_turns=4",
          f"hydra.run.dir={run_dir}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
          f"tracking.artifact_root={tmp_path / 'mlruns'}", "runner.progress=false"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(list(read_groups(run_dir / "groups.jsonl"))) == 2
+    groups = list(read_groups(run_dir / "groups.jsonl"))
+    assert len(groups) == 2 and all(check_group(g) == [] and "distill_token_ids" in g for g in groups)
     log = (run_dir / "launch.log").read_text()
     assert "vLLM healthy after" in log and "vLLM stopped" in log
     assert "Application startup complete" in (run_dir / "vllm" / "server.log").read_text()

@@ -73,7 +73,11 @@ async def apply_opd(
     pairs = [(i, pair) for i, r in enumerate(rollouts) for pair in turn_pairs(r, settings.max_state_chars, settings.max_response_chars)]
 
     async def one(seq_index: int, pair: TurnPair) -> tuple[int, TurnPair, dict[str, Any], Any]:
-        record: dict[str, Any] = {"span": [pair.span.start, pair.span.end], "next_state_role": pair.next_state_role}
+        record: dict[str, Any] = {
+            "span": [pair.span.start, pair.span.end],
+            "message_index": pair.span.message_index,  # the turn in `messages`; its context is what precedes it
+            "next_state_role": pair.next_state_role,
+        }
         try:
             async with semaphore:
                 judgement = await judge_pair(

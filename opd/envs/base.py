@@ -8,6 +8,7 @@ not in atroposlib's `process_manager` (which has no error isolation and can loop
 from __future__ import annotations
 
 import logging
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,8 +107,23 @@ class OPDBaseEnv(BaseEnv):
         return Generation(ids[0], logprobs[0], reasons[0])
 
     def group_metrics(self, group: dict[str, Any]) -> dict[str, float]:
-        """Per-group metrics logged after the group is written (keys are MLflow metric names)."""
-        raise NotImplementedError
+        """Per-group metrics logged after the group is written (keys are MLflow metric names).
+
+        This base part reads what every env records: scores, `reward_signals`, `tool_errors`,
+        `generated_tokens`; subclasses add their own.
+        """
+        details = group["overrides"]
+        n = len(details)
+        metrics = {
+            "reward/mean": statistics.fmean(group["scores"]),
+            "reward/std": statistics.pstdev(group["scores"]),
+            "tool_errors/mean": sum(d["tool_errors"] for d in details) / n,
+            "tokens/generated_mean": sum(d["generated_tokens"] for d in details) / n,
+            "tokens/sequence_mean": sum(len(t) for t in group["tokens"]) / n,
+        }
+        for name in details[0]["reward_signals"]:
+            metrics[f"reward/{name}"] = sum(d["reward_signals"][name] for d in details) / n
+        return metrics
 
     async def close(self) -> None:
         for server in self.server.servers:

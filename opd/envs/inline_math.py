@@ -232,21 +232,14 @@ class InlineMathEnv(OPDBaseEnv):
     def group_metrics(self, group: dict[str, Any]) -> dict[str, float]:
         details = group["overrides"]
         n = len(details)
-        metrics = {
-            "reward/mean": statistics.fmean(group["scores"]),
-            "reward/std": statistics.pstdev(group["scores"]),
+        return {
+            **super().group_metrics(group),
             "accuracy": sum(d["correct"] for d in details) / n,
             "tool_use_rate": sum(d["tool_calls"] > 0 for d in details) / n,
             "tool_calls/mean": sum(d["tool_calls"] for d in details) / n,
-            "tool_errors/mean": sum(d["tool_errors"] for d in details) / n,
-            "tokens/generated_mean": sum(d["generated_tokens"] for d in details) / n,
-            "tokens/sequence_mean": sum(len(t) for t in group["tokens"]) / n,
             "truncated_rate": sum(d["finish"] in ("max_new_tokens", "context") for d in details) / n,
             "dynamic_pool/size": float(len(self.dynamic_pool)),
         }
-        for name in details[0]["reward_signals"]:
-            metrics[f"reward/{name}"] = sum(d["reward_signals"][name] for d in details) / n
-        return metrics
 
     # ---- evaluation ------------------------------------------------------------------------
 

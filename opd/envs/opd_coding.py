@@ -173,7 +173,9 @@ class OPDCodingEnv(OPDBaseEnv):
             inference_logprobs=[r.sequence.logprobs for r in rollouts],
             advantages=None,
             ref_logprobs=None,
-            messages=None,
+            # The chat as the template saw it (assistant turns as sampled text): enough to rebuild
+            # every judge prompt and teacher context from the file alone.
+            messages=[r.messages for r in rollouts],
             generation_params={"temperature": self.cfg.temperature, "top_p": self.cfg.top_p, "max_tokens_per_turn": self.cfg.max_tokens_per_turn},
             group_overrides={"item_id": item["id"]},
             overrides=details,
@@ -196,17 +198,11 @@ class OPDCodingEnv(OPDBaseEnv):
         details = group["overrides"]
         n = len(details)
         metrics = {
-            "reward/mean": statistics.fmean(group["scores"]),
-            "reward/std": statistics.pstdev(group["scores"]),
+            **super().group_metrics(group),
             "accuracy": sum(d["tests"] == "pass" for d in details) / n,
             "turns/mean": sum(d["turns"] for d in details) / n,
             "tool_use_rate": sum(bool(d["tools_used"]) for d in details) / n,
-            "tool_errors/mean": sum(d["tool_errors"] for d in details) / n,
-            "tokens/generated_mean": sum(d["generated_tokens"] for d in details) / n,
-            "tokens/sequence_mean": sum(len(t) for t in group["tokens"]) / n,
         }
-        for name in details[0]["reward_signals"]:
-            metrics[f"reward/{name}"] = sum(d["reward_signals"][name] for d in details) / n
         if "opd_turns" in details[0]:
             metrics.update(opd_metrics(group))
         return metrics

@@ -1,0 +1,108 @@
+"""Judge verdict parsing, decision rules, hint choice, hint placement, turn pairs, distill checks."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from opd.agent.loop import AgentRollout, TurnSpan
+from opd.distill.judge import choose_hint, decide
+from opd.distill.judge_prompt import Vote, parse_vote
+from opd.distill.teacher import with_hint
+from opd.distill.turn_pairs import turn_pairs
+from opd.envs.base import Sequence
+from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, MASKED_LOGPROB, check_group
+
+
+@pytest.mark.parametrize(
+    ("text", "decision", "hint"),
+    [
+        ("\\boxed{1}\n[HINT_START] check empty input [HINT_END]", 1, "check empty input"),
+        ("ok \\boxed{-1}", -1, ""),
+        ("\\boxed{1} then changed my mind \\boxed{-1}", -1, ""),
+        ("\\boxed{ 1 }", 1, ""),
+        ("\\boxed{2}", None, ""),
+        ("no decision [HINT_START]x[HINT_END]", None, "x"),
+        ("", None, ""),
+    ],
+)
+def test_parse_vote(text: str, decision: int | None, hint: str) -> None:
+    assert parse_vote(text) == Vote(decision, hint)
+
+
+@settings(max_examples=300, deadline=500)
+@given(st.text(max_size=3000))
+def test_parse_vote_never_raises(text: str) -> None:
+    vote = parse_vote(text)
+    assert vote.decision in (1, -1, None)
+
+
+def votes(*decisions: int | None, hints: tuple[str, ...] = ()) -> list[Vote]:
+    hints = hints or tuple("" for _ in decisions)
+    return [Vote(d, h) for d, h in zip(decisions, hints)]
+
+
+@pytest.mark.parametrize(
+    ("decisions", "rule", "expected"),
+    [((1, 1, -1), "majority", 1), ((1, -1, -1), "majority", -1), ((1, -1, None), "majority", -1), ((1, None, None), "majority", 1),
+     ((None, None), "majority", None), ((1, -1, -1), "any", 1), ((1, 1, None), "unanimous", 1), ((1, 1, -1), "unanimous", -1)],
+)
+def test_decision_rules(decisions: tuple, rule: str, expected: int | None) -> None:
+    assert decide(votes(*decisions), rule) == expected
+
+
+def test_longest_positive_hint_over_the_minimum_wins() -> None:
+    ballot = votes(1, 1, -1, 1, hints=("short", "a much longer hint here", "the longest hint of all but negative", "medium hint!"))
+    assert choose_hint(ballot, 10, "longest") == "a much longer hint here"
+    assert choose_hint(ballot, 10, "first") == "a much longer hint here"
+    assert choose_hint(votes(1, hints=("tiny",)), 10, "longest") is None
+
+
+def test_hint_placement() -> None:
+    context = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}, {"role": "tool", "content": "T"}]
+    assert with_hint(context, "H", "last_user")[1]["content"] == "U\n\n[hint]\nH"
+    assert with_hint(context, "H", "system")[0]["content"] == "S\n\n[hint]\nH"
+    assert with_hint(context, "H", "new_user")[-1] == {"role": "user", "content": "[hint]\nH"}
+    assert context[1]["content"] == "U"  # the original is not modified
+
+
+def test_turn_pairs_include_tool_call_only_turns_and_join_all_tool_results() -> None:
+    messages = [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+        {"role": "assistant", "content": "<tool_call>a</tool_call><tool_call>b</tool_call>"},
+        {"role": "tool", "content": "ra"}, {"role": "tool", "content": "rb" * 100},
+        {"role": "assistant", "content": "done"},
+    ]
+    rollout = AgentRollout(Sequence.from_prompt([1, 2]), messages, turns=[TurnSpan(2, 5, 2), TurnSpan(9, 11, 5)])
+    pairs = turn_pairs(rollout, max_state_chars=50, max_response_chars=1000)
+    assert len(pairs) == 1
+    pair = pairs[0]
+    assert pair.span == TurnSpan(2, 5, 2) and pair.context == messages[:2] and pair.next_state_role == "tool"
+    assert pair.next_state_text.startswith("ra\n---\nrbrb") and "truncated at 50" in pair.next_state_text
+
+
+def distill_group(rows: list[list[int]], lps: list[list[float]]) -> dict:
+    return {
+        "tokens": [[5, 6, 7]], "masks": [[MASK, 6, 7]], "scores": [0.5],
+        "inference_logprobs": [[MASKED_LOGPROB, -0.2, -0.3]],
+        "distill_token_ids": [rows], "distill_logprobs": [lps],
+    }
+
+
+PAD_IDS, PAD_LPS = [DISTILL_PAD_ID] * 2, [DISTILL_PAD_LOGPROB] * 2
+
+
+def test_distill_checks() -> None:
+    assert check_group(distill_group([PAD_IDS, [6, 1], PAD_IDS], [PAD_LPS, [-0.1, -2.0], PAD_LPS])) == []
+    cases = {
+        "teacher row on a masked": ([[6, 1], PAD_IDS, PAD_IDS], [[-0.1, -2.0], PAD_LPS, PAD_LPS]),
+        "mixes pads": ([PAD_IDS, [6, DISTILL_PAD_ID], PAD_IDS], [PAD_LPS, [-0.1, DISTILL_PAD_LOGPROB], PAD_LPS]),
+        "expected K=2": ([PAD_IDS, [6], PAD_IDS], [PAD_LPS, [-0.1], PAD_LPS]),
+        "not sorted": ([PAD_IDS, [6, 1], PAD_IDS], [PAD_LPS, [-2.0, -0.1], PAD_LPS]),
+        "not finite": ([PAD_IDS, [6, 1], PAD_IDS], [PAD_LPS, [-0.1, float("nan")], PAD_LPS]),
+        "one row per token": ([PAD_IDS, [6, 1]], [PAD_LPS, [-0.1, -2.0]]),
+    }
+    for expected, (rows, lps) in cases.items():
+        problems = check_group(distill_group(rows, lps))
+        assert any(expected in p for p in problems), (expected, problems)

@@ -1,0 +1,110 @@
+"""opd_coding end to end against a real vLLM server running the fixture model."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+
+from conftest import compose
+from opd.config import ConfigError
+from opd.distill.teacher import with_hint
+from opd.envs import coding_prompt
+from opd.records import DISTILL_PAD_ID, check_group, read_groups
+from opd.serving.vllm_client import OpenAIVLLMServer
+from opd.validate import validate_file
+
+pytestmark = pytest.mark.vllm
+K = 20
+
+
+def launch(tmp_path: Path, fixture_model: str, url: str, overrides: list[str]) -> float:
+    from experiments.launch import launch as run
+
+    cfg = compose(
+        [
+            "env=opd_coding", f"distill_topk={K}", "server=vllm", f"server.model={fixture_model}", f"server.base_urls=[{url}]",
+            "server.max_logprobs=20", f"output_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+            f"tracking.artifact_root={tmp_path / 'mlruns'}", "runner.progress=false", *overrides,
+        ]
+    )
+    return run(cfg)
+
+
+@pytest.fixture(scope="module")
+def opd_run(tmp_path_factory: pytest.TempPathFactory, fixture_model: str, vllm_url: str) -> Path:
+    tmp_path = tmp_path_factory.mktemp("opd")
+    launch(tmp_path, fixture_model, vllm_url, ["total_steps=3", "group_size=4", "env.max_turns=6"])
+    return tmp_path
+
+
+def test_three_valid_groups_with_real_teacher_rows(opd_run: Path) -> None:
+    path = opd_run / "run" / "groups.jsonl"
+    count, problems = validate_file(path)
+    assert count == 3 and problems == []
+    groups = list(read_groups(path))
+    scored_turns = [t for g in groups for d in g["overrides"] for t in d["opd_turns"] if t["scored"]]
+    assert scored_turns, "no turn carries teacher rows"
+    rows = [row for g in groups for seq in g["distill_token_ids"] for row in seq if row[0] != DISTILL_PAD_ID]
+    assert rows and all(len(row) == K for row in rows)
+    for group in groups:
+        assert check_group(group) == []
+        for detail in group["overrides"]:
+            assert {"correctness", "efficiency", "tool_usage"} == set(detail["reward_signals"])
+
+
+def test_mlflow_run_has_the_opd_metrics(opd_run: Path) -> None:
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{opd_run / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("opd_coding")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    expected = {"opd/hint_rate", "opd/hints_per_rollout", "opd/pairs_judged", "opd/votes_unparseable", "opd/turns_scored",
+                "opd/scoring_failures", "opd/teacher_minus_student_lp", "reward/correctness", "reward/efficiency", "reward/tool_usage"}
+    assert expected <= set(run.data.metrics)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "opd/hint_rate")] == [1, 2, 3]
+
+
+def test_stored_rows_equal_a_fresh_teacher_scoring(opd_run: Path, fixture_model: str, vllm_url: str, tokenizer) -> None:
+    """Rebuild one hinted turn's teacher input from the file alone and ask the server again."""
+    groups = list(read_groups(opd_run / "run" / "groups.jsonl"))
+    group, seq, turn = next(
+        (g, i, t) for g in groups for i, d in enumerate(g["overrides"]) for t in d["opd_turns"] if t["scored"]
+    )
+    start, end = turn["span"]
+    context = group["messages"][seq][: turn["message_index"]]
+    prompt = tokenizer.apply_chat_template(with_hint(context, turn["hint"], "last_user"), tools=coding_prompt.TOOLS, add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    student = group["tokens"][seq][start:end]
+    server = OpenAIVLLMServer(APIServerConfig(model_name=fixture_model, base_url=vllm_url, api_key="x", timeout=60))
+
+    async def score() -> dict:
+        try:
+            return await server.get_logprobs(input_ids=prompt_ids + student, top_k=K)
+        finally:
+            await server.close()
+
+    fresh = asyncio.run(score())
+    offset = len(prompt_ids)
+    for j, position in enumerate(range(start, end)):
+        stored_ids, stored_lps = group["distill_token_ids"][seq][position], group["distill_logprobs"][seq][position]
+        fresh_ids, fresh_lps = fresh["prompt_topk_token_ids"][offset + j], fresh["prompt_topk_logprobs"][offset + j]
+        assert stored_lps == pytest.approx(fresh_lps, abs=0.02)
+        # Ids agree except where near-equal logprobs may swap order.
+        assert sum(a != b for a, b in zip(stored_ids, fresh_ids)) <= K // 2
+        assert stored_ids[0] == fresh_ids[0] or abs(stored_lps[0] - stored_lps[1]) < 0.02
+        assert group["overrides"][seq]["teacher_logprobs"][position] == pytest.approx(fresh["prompt_token_logprobs"][offset + j], abs=0.02)
+    # Positions just outside the turn carry no teacher rows.
+    assert group["distill_token_ids"][seq][start - 1][0] == DISTILL_PAD_ID
+    if end < len(group["tokens"][seq]):
+        assert group["distill_token_ids"][seq][end][0] == DISTILL_PAD_ID
+
+
+def test_topk_above_the_server_limit_is_a_clear_error(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
+    # The schema accepts it (server.max_logprobs is what we were told); the server refuses it.
+    with pytest.raises(ConfigError) as info:
+        launch(tmp_path, fixture_model, vllm_url, ["distill_topk=21", "server.max_logprobs=21", "total_steps=1"])
+    assert "distill_topk=21" in str(info.value) and "max allowed: 20" in str(info.value)
