@@ -81,18 +81,7 @@ def load_data(cfg: Config):
 
         data = load_coding(cfg.dataset)
     else:
-        if cfg.env.name == "opd_coding":
-        from opd.envs.opd_coding import OPDCodingEnv
-
-        return OPDCodingEnv(
-            cfg.env, cfg.reward, cfg.judge, data,
-            tokenizer_path=model,
-            server_configs=server_configs(cfg, model, base_urls),
-            max_model_len=cfg.server.max_model_len,
-            seed=cfg.seed,
-            judge_server=judge_server(cfg),
-        )
-    raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}")
+        raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}")
     logger.info("dataset %s: %d train, %d eval items", data.source, len(data.train), len(data.eval))
     return data
 

@@ -22,7 +22,7 @@ def validate_file(path: Path) -> tuple[int, list[str]]:
     try:
         for count, group in enumerate(read_groups(path), 1):
             problems += [f"group {count}: {p}" for p in check_group(group)]
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         problems.append(str(err))
     return count, problems
 

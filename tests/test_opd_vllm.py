@@ -108,3 +108,21 @@ def test_topk_above_the_server_limit_is_a_clear_error(tmp_path: Path, fixture_mo
     with pytest.raises(ConfigError) as info:
         launch(tmp_path, fixture_model, vllm_url, ["distill_topk=21", "server.max_logprobs=21", "total_steps=1"])
     assert "distill_topk=21" in str(info.value) and "max allowed: 20" in str(info.value)
+
+
+def test_judge_on_its_own_server_and_evaluate_mode(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
+    import mlflow
+
+    launch(tmp_path / "judge", fixture_model, vllm_url, [
+        "total_steps=1", "group_size=2", "env.max_turns=3",
+        "judge=server", f"judge.base_url={vllm_url}", f"judge.model={fixture_model}", "judge.votes_in_one_request=false",
+    ])
+    (group,) = read_groups(tmp_path / "judge" / "run" / "groups.jsonl")
+    records = [t for d in group["overrides"] for t in d["opd_turns"]]
+    assert records and all(len(t["votes"]) == 3 and t["error"] is None for t in records)
+
+    accuracy = launch(tmp_path / "eval", fixture_model, vllm_url, ["mode=evaluate", "env.max_turns=4"])
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'eval' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("opd_coding").experiment_id])
+    assert run.data.metrics["eval/items"] == 16 and run.data.metrics["eval/failed_items"] == 0
+    assert run.data.metrics["eval/accuracy"] == accuracy

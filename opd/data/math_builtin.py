@@ -51,7 +51,18 @@ def _sum_of_range(rng: random.Random) -> Problem:
     return {"problem": f"What is the sum of the integers from 1 to {n}?", "answer": str(n * (n + 1) // 2), "expression": f"sum(range(1, {n} + 1))"}
 
 
-_KINDS: list[Callable[[random.Random], Problem]] = [_sum, _difference, _product, _quotient, _square, _apples, _sum_of_range]
+def _parity(rng: random.Random) -> Problem:
+    a = rng.randint(10, 999)
+    return {"problem": f"What is the remainder when {a} is divided by 2?", "answer": str(a % 2), "expression": f"{a} % 2"}
+
+
+def _digit_count(rng: random.Random) -> Problem:
+    a = rng.randint(1, 99_999)
+    return {"problem": f"How many digits does the number {a} have?", "answer": str(len(str(a))), "expression": f"len(str({a}))"}
+
+
+# The last two have small answer sets, so even a tiny fixture model answers some correctly.
+_KINDS: list[Callable[[random.Random], Problem]] = [_sum, _difference, _product, _quotient, _square, _apples, _sum_of_range, _parity, _digit_count]
 
 
 # The generator's seed; the held-out split has its own (dataset.split_seed).

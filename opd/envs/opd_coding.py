@@ -13,6 +13,7 @@ import asyncio
 import logging
 import random
 import statistics
+import time
 from typing import Any
 
 from atroposlib.envs.base import ScoredDataGroup
@@ -181,10 +182,12 @@ class OPDCodingEnv(OPDBaseEnv):
             overrides=details,
         )
         if self.cfg.opd.enabled:
+            started = time.monotonic()
             fields = await apply_opd(
                 rollouts, tokenizer=self.tokenizer, tools=coding_prompt.TOOLS, chat=self.judge_chat,
                 score=self.score_prompt, settings=self.opd_settings, failures=self.failures,
             )
+            group["group_overrides"]["opd_wall_s"] = round(time.monotonic() - started, 3)
             group["distill_token_ids"] = fields["distill_token_ids"]
             group["distill_logprobs"] = fields["distill_logprobs"]
             for detail, extra in zip(details, fields["overrides"]):
@@ -205,6 +208,7 @@ class OPDCodingEnv(OPDBaseEnv):
         }
         if "opd_turns" in details[0]:
             metrics.update(opd_metrics(group))
+            metrics["opd/wall_s"] = float(group["group_overrides"].get("opd_wall_s", 0.0))
         return metrics
 
     # ---- evaluation ------------------------------------------------------------------------
