@@ -63,3 +63,48 @@ def test_bad_sources_fail_with_the_key_named(tmp_path, monkeypatch, overrides: l
     with pytest.raises(ConfigError) as info:
         load_math(dataset_cfg([o.format(tmp=tmp_path) for o in overrides]))
     assert message in str(info.value)
+
+
+def run_tests(task: dict, solution: str) -> str:
+    import asyncio
+
+    from opd.tools.sandbox import SandboxLimits
+    from opd.tools.workspace import Workspace
+
+    workspace = Workspace(SandboxLimits(timeout_s=20))
+    try:
+        workspace.write_file("solution.py", solution)
+        workspace.write_file("t.py", task["test_code"])
+        return asyncio.run(workspace.terminal("python t.py"))
+    finally:
+        workspace.close()
+
+
+def test_builtin_coding_tasks_are_solvable_and_their_tests_bite() -> None:
+    from opd.data.coding_sets import load_coding
+
+    data = load_coding(dataset_cfg(["env=opd_coding"]))
+    assert (len(data.train), len(data.eval)) == (112, 16)
+    for task in data.train[:40] + data.eval:
+        assert run_tests(task, task["solution"]).endswith("[exit code 0]"), task["id"]
+        assert not run_tests(task, f"def {task['entry_point']}(*a):\n    return None\n").endswith("[exit code 0]"), task["id"]
+
+
+def test_humaneval_comes_from_the_installed_package() -> None:
+    from opd.data.coding_sets import load_coding
+
+    data = load_coding(dataset_cfg(["env=opd_coding", "dataset=humaneval"]))
+    tasks = data.train + data.eval
+    assert len(tasks) == 164 and len(data.eval) == 20
+    for task in sorted(tasks, key=lambda t: t["id"])[:5]:
+        assert run_tests(task, task["solution"]).endswith("[exit code 0]"), task["id"]
+
+
+def test_local_coding_tasks_with_field_mapping(tmp_path) -> None:
+    from opd.data.coding_sets import load_coding
+
+    path = tmp_path / "tasks.jsonl"
+    rows = [{"prompt": f"task {i}", "tests": "from solution import f\nassert f()\n"} for i in range(6)] + [{"prompt": "", "tests": "x"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    data = load_coding(dataset_cfg(["env=opd_coding", "dataset=coding_local", f"dataset.path={path}", "dataset.prompt_field=prompt", "dataset.tests_field=tests", "dataset.eval_size=2"]))
+    assert (len(data.train), len(data.eval)) == (4, 2) and data.train[0]["test_code"].startswith("from solution")

