@@ -8,7 +8,6 @@ in test_opd_vllm.py.
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from opd.distill.judge_prompt import Vote, judge_messages, parse_vote
 from opd.distill.turn_pairs import TurnPair

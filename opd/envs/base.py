@@ -17,7 +17,7 @@ from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
 from opd.records import MASK, MASKED_LOGPROB
-from opd.serving.vllm_client import OpenAIVLLMServer, ServerRequestError
+from opd.serving.vllm_client import OpenAIVLLMServer
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ class OPDBaseEnv(BaseEnv):
         """Data is loaded before the env is built (opd.build); nothing to do here."""
 
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float = 1.0, stop: list[str] | None = None, split: str = "train") -> Generation:
-        """Sample one continuation of `prompt_ids`; raises ServerRequestError with the cause."""
+        """Sample one continuation of `prompt_ids`; raises the cause of a failure (for the server:
+        ServerRequestError naming the URL and status), not atroposlib's RetryError around it."""
         kwargs: dict[str, Any] = {
             "input_ids": prompt_ids,
             "max_tokens": max_tokens,
@@ -100,10 +101,7 @@ class OPDBaseEnv(BaseEnv):
         try:
             _, ids, logprobs, reasons = await self.server.tokens_and_logprobs_completion(**kwargs)
         except Exception as err:
-            cause = unwrap_retry(err)
-            if isinstance(cause, ServerRequestError):
-                raise cause from None
-            raise ServerRequestError(f"generation failed: {type(cause).__name__}: {cause}") from None
+            raise unwrap_retry(err) from None
         return Generation(ids[0], logprobs[0], reasons[0])
 
     def group_metrics(self, group: dict[str, Any]) -> dict[str, float]:
