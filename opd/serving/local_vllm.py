@@ -1,7 +1,7 @@
 """Run vLLM's OpenAI server as a child process for the length of a run.
 
-The server listens on a free loopback port; its log, caches and IPC files go to a folder of the
-run, never to /tmp or ~/.cache. `LocalVLLM` is a context manager that always stops the process
+The server listens on a free loopback port; its log and caches go to a folder of the run (never
+~/.cache), its IPC sockets to a short private temporary directory removed when it stops. `LocalVLLM` is a context manager that always stops the process
 (normal end, exception, Ctrl-C), killing its whole process group if it does not exit in time.
 """
 
@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -77,6 +79,7 @@ class LocalVLLM:
         self.log_path = settings.workdir / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
+        self.scratch = tempfile.mkdtemp(prefix="opd-vllm-")
 
     def command(self) -> list[str]:
         s = self.settings
@@ -100,14 +103,15 @@ class LocalVLLM:
         return cmd + list(s.extra_args)
 
     def environment(self) -> dict[str, str]:
-        work = self.settings.workdir
         env = dict(os.environ)
         env.update(
             {
                 "VLLM_CPU_KVCACHE_SPACE": str(self.settings.cpu_kv_cache_gib),
-                "VLLM_CACHE_ROOT": str(work / "cache"),
-                "VLLM_RPC_BASE_PATH": str(work / "rpc"),
-                "TMPDIR": str(work / "tmp"),
+                "VLLM_CACHE_ROOT": str(self.settings.workdir / "cache"),
+                # IPC sockets and scratch files: a short private directory (a unix socket path
+                # must fit in 107 bytes, which a deep run directory exceeds); removed at stop.
+                "VLLM_RPC_BASE_PATH": self.scratch,
+                "TMPDIR": self.scratch,
                 "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
                 "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1",
@@ -117,8 +121,7 @@ class LocalVLLM:
 
     def start(self) -> str:
         """Start the server and wait for /health; return the /v1 base URL."""
-        for sub in ("cache", "rpc", "tmp"):
-            (self.settings.workdir / sub).mkdir(parents=True, exist_ok=True)
+        (self.settings.workdir / "cache").mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         logger.info("starting vLLM on port %d (log: %s)", self.port, self.log_path)
         with open(self.log_path, "ab") as log:
@@ -129,11 +132,11 @@ class LocalVLLM:
         health = f"http://127.0.0.1:{self.port}/health"
         deadline = started + self.settings.startup_timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            code = self.process.poll()
+            if code is not None:
                 self.stop()
                 raise ServerStartError(
-                    f"vLLM exited with code {self.process.returncode} while starting; see {self.log_path}:\n"
-                    f"{_log_tail(self.log_path)}"
+                    f"vLLM exited with code {code} while starting; see {self.log_path}:\n{_log_tail(self.log_path)}"
                 )
             if _healthy(health):
                 self.startup_seconds = time.monotonic() - started
@@ -150,6 +153,7 @@ class LocalVLLM:
         """Stop the server's process group: SIGTERM, then SIGKILL after `grace_s`."""
         process, self.process = self.process, None
         if process is None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
             return
         if process.poll() is None:
             try:
@@ -165,6 +169,7 @@ class LocalVLLM:
         except ProcessLookupError:
             pass
         process.wait()
+        shutil.rmtree(self.scratch, ignore_errors=True)
         logger.info("vLLM stopped")
 
     def __enter__(self) -> "LocalVLLM":
