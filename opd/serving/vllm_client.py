@@ -94,13 +94,6 @@ class OpenAIVLLMServer(APIServer):
         except aiohttp.ClientError as err:
             raise ServerRequestError(f"POST {url} failed: {type(err).__name__}: {err}") from None
 
-    async def healthy(self) -> bool:
-        try:
-            async with self._client().get(f"{self.root_url}/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return False
-
     async def check_server_status_task(self, chat_completion: bool = True) -> None:
         """Never mark the server unhealthy: atroposlib would then wait forever before each request.
 
