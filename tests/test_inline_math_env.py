@@ -14,7 +14,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServer, APIServer
 
 from conftest import compose
 from opd.config import validate
-from opd.data.math_sets import TaskSet
+from opd.data.sources import TaskSet
 from opd.envs.inline_math import InlineMathEnv
 from opd.records import MASK, MASKED_LOGPROB, check_group
 

@@ -15,7 +15,7 @@ from openai.types.chat import ChatCompletion
 
 from conftest import compose
 from opd.config import ConfigError, validate
-from opd.data.math_sets import TaskSet
+from opd.data.sources import TaskSet
 from opd.envs import coding_prompt
 from opd.envs.opd_coding import OPDCodingEnv
 from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, check_group

@@ -10,7 +10,7 @@ import logging
 
 from opd.config import ConfigError, DatasetConfig
 from opd.data import coding_tasks
-from opd.data.math_sets import TaskSet, records
+from opd.data.sources import TaskSet, records
 from opd.data.splits import train_eval_split
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from atroposlib.envs.base import ScoredDataGroup
 
 from opd.agent.tool_calls import CLOSE, ToolCallError, last_open_call, parse_tool_call
 from opd.config import InlineMathEnvConfig, InlineMathRewardConfig
-from opd.data.math_sets import TaskSet
+from opd.data.sources import TaskSet
 from opd.envs import math_prompt
 from opd.envs.base import OPDBaseEnv, Sequence
 from opd.records import check_group

@@ -20,7 +20,7 @@ from atroposlib.envs.base import ScoredDataGroup
 
 from opd.agent.loop import AgentRollout, run_agent
 from opd.config import ConfigError, JudgeConfig, OPDCodingEnvConfig, OPDCodingRewardConfig
-from opd.data.math_sets import TaskSet
+from opd.data.sources import TaskSet
 from opd.distill.pipeline import FailureLog, OPDSettings, apply_opd
 from opd.envs import coding_prompt
 from opd.envs.base import OPDBaseEnv, unwrap_retry
