@@ -2,15 +2,18 @@
 
 Compose and validate the config (errors name the key, before any server starts), load the
 dataset, start or reach the inference server, run the environment, write groups.jsonl and
-record everything in one MLflow run. Returns the mean reward (a sweep's objective).
+record everything in one MLflow run (nested under the sweep's parent run in a sweep).
+Returns the objective (sweep.objective; by default the mean reward).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
+import signal
 import statistics
 from pathlib import Path
 from typing import Any
@@ -21,11 +24,11 @@ os.environ.setdefault("WANDB_SILENT", "true")
 import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from opd import tracing  # noqa: E402
 from opd.config import Config, ConfigError, register, validate  # noqa: E402
 
 logger = logging.getLogger("experiments.launch")
 register()
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _resolved(cfg: DictConfig) -> dict[str, Any]:
@@ -34,30 +37,41 @@ def _resolved(cfg: DictConfig) -> dict[str, Any]:
     return container
 
 
-async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any) -> dict[str, float]:
+async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any) -> tuple[dict[str, float], dict[str, list[float]]]:
     from opd.records import GroupWriter
     from opd.runner import run_generation
 
-    rewards: list[float] = []
+    history: dict[str, list[float]] = {}
 
     def on_metrics(metrics: dict[str, float], step: int) -> None:
-        rewards.append(metrics["reward/mean"])
+        for key, value in metrics.items():
+            history.setdefault(key, []).append(float(value))
         if tracker is not None:
             tracker.log_metrics(metrics, step)
 
+    api = None
     try:
         await env.setup()
-        with GroupWriter(groups_path, fsync=typed.runner.fsync) as writer:
+        async with contextlib.AsyncExitStack() as stack:
+            on_group = None
+            if typed.mode == "serve":
+                from opd.serve import TrainerAPI
+
+                api = await stack.enter_async_context(TrainerAPI(typed.serve, typed.group_size, typed.server.max_model_len))
+                on_group = api.send
+            writer = stack.enter_context(GroupWriter(groups_path, fsync=typed.runner.fsync))
             stats = await run_generation(
                 env, writer, typed.total_steps,
                 groups_in_flight=typed.runner.groups_in_flight,
                 max_attempts_per_item=typed.runner.max_attempts_per_item,
                 max_failed_groups=typed.runner.max_failed_groups,
                 on_metrics=on_metrics,
+                on_group=on_group,
                 progress=typed.runner.progress,
             )
     finally:
         await env.close()
+    rewards = history.get("reward/mean", [])
     summary = {
         "summary/groups_written": float(stats.written),
         "summary/groups_failed": float(stats.failed),
@@ -66,8 +80,10 @@ async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any) -> di
         "summary/groups_per_s": stats.written / stats.elapsed,
         "summary/reward_mean": statistics.fmean(rewards) if rewards else math.nan,
     }
+    if api is not None:
+        summary.update({"summary/serve_groups_sent": float(api.sent), "summary/serve_wait_s": api.waited_s})
     logger.info("wrote %d groups to %s in %.1f s (%d failed)", stats.written, groups_path, stats.elapsed, stats.failed)
-    return summary
+    return summary, history
 
 
 async def _evaluate(env: Any, typed: Config) -> dict[str, float]:
@@ -78,12 +94,45 @@ async def _evaluate(env: Any, typed: Config) -> dict[str, float]:
         await env.close()
 
 
+def objective_of(name: str | None, mode: str, summary: dict[str, float], history: dict[str, list[float]]) -> float:
+    """The sweep objective: a summary metric, or the mean of a per-group metric's history."""
+    name = name or ("eval/accuracy" if mode == "evaluate" else "summary/reward_mean")
+    if name in summary:
+        return float(summary[name])
+    if history.get(name):
+        return statistics.fmean(history[name])
+    known = sorted(set(summary) | set(history))
+    raise ConfigError(f"sweep.objective: no metric {name!r} in this run; known: {', '.join(known)}")
+
+
+def _sweep_job() -> tuple[Any, dict[str, str]]:
+    """(the sweep's state, this job's swept values) inside a sweep; (None, {}) for a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from opd.sweep import job_label, read_state
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None, {}
+    hydra_cfg = HydraConfig.get()
+    state = read_state(hydra_cfg.sweep.dir)
+    if state is None:
+        # Hydra only warns when a callback raises; a sweep job must not run on unlogged.
+        raise RuntimeError(
+            f"sweep job without sweep state in {hydra_cfg.sweep.dir}: the sweep callback "
+            "(opd.sweep.SweepCallback, hydra.callbacks.sweep) did not run or failed; see its warning above"
+        )
+    return state, job_label(list(hydra_cfg.overrides.task), state.swept)
+
+
 def launch(cfg: DictConfig) -> float:
     """Run one experiment from a composed config; return the objective (mean reward or eval accuracy)."""
     from opd.build import build_env, inference_servers, load_data, resolve_model
-    from opd.tracking import Tracker, git_commit
+    from opd.sweep import run_name, shared_server_for
+    from opd.tracking import Tracker, dataset_source
 
     typed = validate(cfg)
+    sweep, swept = _sweep_job()
     out = Path(typed.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     resolved = _resolved(cfg)
@@ -94,28 +143,43 @@ def launch(cfg: DictConfig) -> float:
 
     tracker = None
     if typed.tracking.enabled:
-        tracker = Tracker(typed.tracking.uri, typed.tracking.experiment, typed.tracking.artifact_root, typed.tracking.run_name, typed.tracking.max_param_chars)
+        if sweep is not None and sweep.parent_run_id is None:
+            raise RuntimeError(f"tracking is on but the sweep in {sweep.sweep_dir} has no MLflow parent run (was tracking off for the sweep?)")
+        tracker = Tracker(
+            typed.tracking.uri, typed.tracking.experiment, typed.tracking.artifact_root,
+            typed.tracking.run_name or (run_name(swept) if sweep is not None else None), typed.tracking.max_param_chars,
+            parent_run_id=sweep.parent_run_id if sweep else None, experiment_id=sweep.experiment_id if sweep else None,
+        )
     status = "FAILED"
     try:
         if tracker is not None:
             tracker.log_config(resolved, yaml_text)
+            tracker.log_params({key: value for key, value in swept.items()})
             tracker.set_tags({
                 "env": typed.env.name, "mode": typed.mode, "model": typed.server.model,
-                "server": typed.server.kind, "dataset": typed.dataset.name,
-                "git_commit": git_commit(PROJECT_ROOT), "output_dir": str(out.resolve()),
+                "server": typed.server.kind, "dataset": typed.dataset.name, "output_dir": str(out.resolve()),
+                "opd.pid": str(os.getpid()),
+                **({"opd.sweep_dir": sweep.sweep_dir, "opd.swept": ",".join(swept)} if sweep else {}),
             })
+            if typed.tracking.log_input:
+                d = typed.dataset
+                rows = data.eval if typed.mode == "evaluate" else data.train
+                tracker.log_dataset(d.name, dataset_source(d.source, d.path, d.subset, d.split, data.source), rows, "eval" if typed.mode == "evaluate" else "train")
+        if tracker is not None and typed.tracking.traces:
+            _enable_tracing(typed, tracker.experiment_id)
         groups_path = out / "groups.jsonl"
-        with inference_servers(typed, model, out / "vllm") as urls:
+        history: dict[str, list[float]] = {}
+        shared = shared_server_for(sweep, typed.server) if typed.server.kind == "local" else None
+        with inference_servers(typed, model, out / "vllm", shared=shared) as urls:
             env = build_env(typed, data, model, urls)
             if typed.mode == "evaluate":
                 summary = asyncio.run(_evaluate(env, typed))
-                objective = summary["eval/accuracy"]
             else:
-                summary = asyncio.run(_train(env, typed, groups_path, tracker))
-                objective = summary["summary/reward_mean"]
+                summary, history = asyncio.run(_train(env, typed, groups_path, tracker))
+        objective = objective_of(typed.sweep.objective, typed.mode, summary, history)
         if tracker is not None:
-            tracker.log_metrics(summary, step=typed.total_steps if typed.mode == "train" else 0)
-            if typed.mode == "train" and typed.tracking.log_data_artifacts and groups_path.exists():
+            tracker.log_metrics({**summary, "objective": objective}, step=typed.total_steps if typed.mode != "evaluate" else 0)
+            if typed.mode != "evaluate" and typed.tracking.log_data_artifacts and groups_path.exists():
                 from opd.viewer import write_viewer
 
                 tracker.log_artifact(groups_path, "data")
@@ -130,19 +194,43 @@ def launch(cfg: DictConfig) -> float:
         status = "KILLED"
         raise
     finally:
+        tracing.flush()
+        tracing.enable(False)
         if tracker is not None:
             tracker.end(status)
 
 
+def _enable_tracing(typed: Config, experiment_id: str) -> None:
+    """One MLflow trace per training rollout, unless the run makes more than traces_max_rollouts."""
+    rollouts = typed.total_steps * typed.group_size
+    if typed.mode == "evaluate":
+        logger.warning("tracking.traces: evaluation rollouts are not traced (only train/serve)")
+    elif rollouts > typed.tracking.traces_max_rollouts:
+        logger.warning("tracking.traces: off, this run makes %d rollouts > tracking.traces_max_rollouts=%d", rollouts, typed.tracking.traces_max_rollouts)
+    else:
+        tracing.enable(True, experiment_id)
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     try:
         return launch(cfg)
     except ConfigError as err:
         # A bad value: one clear line naming the key, no traceback.
         logger.error("configuration error: %s", err)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # in a sweep: this job fails, the others still run, the sweep reports it
         raise SystemExit(2) from None
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    # SIGTERM (kill, SLURM preemption) unwinds like Ctrl-C: servers stopped, runs marked KILLED.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _terminated)
     main()

@@ -26,15 +26,11 @@ def resolve_model(name: str) -> str:
     return name
 
 
-@contextlib.contextmanager
-def inference_servers(cfg: Config, model: str, workdir: Path) -> Iterator[list[str]]:
-    """Yield the /v1 base URLs to use; a local server is started here and always stopped."""
-    if cfg.server.kind == "vllm":
-        yield list(cfg.server.base_urls)
-        return
+def local_server(cfg: Config, model: str, workdir: Path):
+    """A LocalVLLM (not started) with the settings of cfg.server."""
     from opd.serving.local_vllm import LocalVLLM, LocalVLLMSettings
 
-    settings = LocalVLLMSettings(
+    return LocalVLLM(LocalVLLMSettings(
         model=model,
         served_model_name=model,
         workdir=workdir,
@@ -47,8 +43,21 @@ def inference_servers(cfg: Config, model: str, workdir: Path) -> Iterator[list[s
         startup_timeout_s=cfg.server.startup_timeout_s,
         seed=cfg.seed,
         extra_args=list(cfg.server.extra_args),
-    )
-    with LocalVLLM(settings) as server:
+    ))
+
+
+@contextlib.contextmanager
+def inference_servers(cfg: Config, model: str, workdir: Path, shared: list[str] | None = None) -> Iterator[list[str]]:
+    """Yield the /v1 base URLs to use: server=vllm's URLs, a sweep's shared server, or a local
+    server started here and always stopped."""
+    if cfg.server.kind == "vllm":
+        yield list(cfg.server.base_urls)
+        return
+    if shared:
+        logger.info("using the sweep's shared inference server %s", ", ".join(shared))
+        yield list(shared)
+        return
+    with local_server(cfg, model, workdir) as server:
         yield [server.base_url]
 
 

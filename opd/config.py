@@ -390,10 +390,56 @@ class TrackingConfig:
     max_param_chars: int = 500
     # Upload groups.jsonl and its HTML viewer as artifacts at the end of the run.
     log_data_artifacts: bool = True
+    # Log the dataset as the run's input (mlflow.log_input: name, digest, source, schema).
+    log_input: bool = True
+    # MLflow tracing: one trace per rollout with spans for model calls, tools, judge votes, teacher.
+    traces: bool = False
+    # Tracing is switched off (with a warning) when a run would make more rollouts than this.
+    traces_max_rollouts: int = 200
 
     def __post_init__(self) -> None:
         _check(bool(self.uri), "tracking.uri", "a non-empty MLflow URI", self.uri)
         _at_least("tracking.max_param_chars", self.max_param_chars, 16)
+        _at_least("tracking.traces_max_rollouts", self.traces_max_rollouts, 0)
+
+
+@dataclass
+class SweepConfig:
+    # In a sweep (-m) with server=local: start one server for the whole sweep and let every job use
+    # it (jobs whose server settings differ from the first job's start their own).
+    share_server: bool = True
+    # Metric a job returns to the sweeper and logs as `objective` (null: summary/reward_mean in
+    # train mode, eval/accuracy in evaluate mode).
+    objective: Optional[str] = None
+
+
+@dataclass
+class ServeConfig:
+    # Atropos trainer API (run-api) that mode=serve sends groups to.
+    rollout_server_url: str = "http://localhost:8000"
+    # Name this environment registers under.
+    env_name: str = MISSING
+    # Share of each batch this environment asks for (the API's env weight).
+    weight: float = 1.0
+    # Wait while the API already holds this many batches the trainer has not taken (back-pressure).
+    max_batches_offpolicy: int = 3
+    # Seconds between polls while waiting for the trainer (registration and back-pressure).
+    poll_interval_s: float = 1.0
+    # Give up (clear error) when the trainer has not started or not drained the queue in this time.
+    wait_timeout_s: float = 600.0
+    # Seconds one request to the API may take; failed posts are retried with backoff.
+    request_timeout_s: float = 30.0
+    # Attempts per post before the run fails (the group stays in groups.jsonl either way).
+    max_attempts: int = 5
+
+    def __post_init__(self) -> None:
+        _check(self.rollout_server_url.startswith(("http://", "https://")), "serve.rollout_server_url", "an http(s) URL", self.rollout_server_url)
+        _check(self.weight > 0, "serve.weight", "> 0", self.weight)
+        _at_least("serve.max_batches_offpolicy", self.max_batches_offpolicy, 1)
+        _check(self.poll_interval_s > 0, "serve.poll_interval_s", "> 0", self.poll_interval_s)
+        _check(self.wait_timeout_s > 0, "serve.wait_timeout_s", "> 0", self.wait_timeout_s)
+        _check(self.request_timeout_s > 0, "serve.request_timeout_s", "> 0", self.request_timeout_s)
+        _at_least("serve.max_attempts", self.max_attempts, 1)
 
 
 @dataclass
@@ -431,7 +477,12 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     # The generation loop.
     runner: RunnerConfig = field(default_factory=RunnerConfig)
-    # train: generate total_steps groups; evaluate: score the held-out split.
+    # Sweeps (-m): shared server, objective.
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    # mode=serve: the Atropos trainer API that receives the groups.
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    # train: generate total_steps groups; evaluate: score the held-out split; serve: train and
+    # also send each group to an Atropos trainer API.
     mode: str = "train"
     # Rollouts per group (read by env.group_size).
     group_size: int = 4
@@ -447,7 +498,7 @@ class Config:
     output_dir: str = MISSING
 
     def __post_init__(self) -> None:
-        _one_of("mode", self.mode, ("train", "evaluate"))
+        _one_of("mode", self.mode, ("train", "evaluate", "serve"))
         _at_least("group_size", self.group_size, 1)
         _at_least("total_steps", self.total_steps, 1)
         _at_least("distill_topk", self.distill_topk, 1)

@@ -15,7 +15,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 from tqdm import tqdm
 
@@ -48,6 +48,8 @@ class RunStats:
 
 
 MetricsSink = Callable[[dict[str, float], int], None]
+# Called with each group after it is written (mode=serve sends it on); awaiting it is back-pressure.
+GroupSink = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 async def run_generation(
@@ -59,6 +61,7 @@ async def run_generation(
     max_attempts_per_item: int,
     max_failed_groups: int,
     on_metrics: MetricsSink | None = None,
+    on_group: GroupSink | None = None,
     progress: bool = True,
 ) -> RunStats:
     """Write `total_steps` groups from `env` to `writer`; return what happened."""
@@ -100,6 +103,8 @@ async def run_generation(
                     continue
                 writer.write(group)
                 stats.written += 1
+                if on_group is not None:
+                    await on_group(group)
                 bar.update(1)
                 bar.set_postfix(failed=stats.failed, groups_per_s=f"{stats.written / stats.elapsed:.2f}")
                 if on_metrics is not None:

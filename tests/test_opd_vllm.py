@@ -126,3 +126,34 @@ def test_judge_on_its_own_server_and_evaluate_mode(tmp_path: Path, fixture_model
     (run,) = client.search_runs([client.get_experiment_by_name("opd_coding").experiment_id])
     assert run.data.metrics["eval/items"] == 16 and run.data.metrics["eval/failed_items"] == 0
     assert run.data.metrics["eval/accuracy"] == accuracy
+
+
+def _traces(tmp_path: Path):
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("opd_coding").experiment_id])
+    return run, client.search_traces(locations=[run.info.experiment_id])
+
+
+def test_tracing_gives_one_trace_per_rollout_with_its_calls(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
+    launch(tmp_path, fixture_model, vllm_url, ["total_steps=2", "group_size=2", "env.max_turns=3", "judge_votes=2", "tracking.traces=true"])
+    run, traces = _traces(tmp_path)
+    assert len(traces) == 4
+    for trace in traces:
+        assert trace.info.request_metadata["mlflow.sourceRun"] == run.info.run_id
+        names = [s.name for s in trace.data.spans]
+        root = trace.data.spans[0]
+        assert root.name == "rollout" and root.parent_id is None
+        assert {s.parent_id for s in trace.data.spans[1:]} <= {s.span_id for s in trace.data.spans}
+        assert names.count("generate") >= 1 and "task tests" in names
+        assert root.outputs["score"] is not None
+    spans = [s for t in traces for s in t.data.spans]
+    assert any(s.name.startswith("tool ") for s in spans)
+    assert any(s.name == "judge" for s in spans)  # judge votes land in the rollout's own trace
+
+
+def test_tracing_is_off_above_its_rollout_limit(tmp_path: Path, fixture_model: str, vllm_url: str, caplog) -> None:
+    launch(tmp_path, fixture_model, vllm_url, ["total_steps=1", "group_size=2", "env.max_turns=2", "tracking.traces=true", "tracking.traces_max_rollouts=1"])
+    _, traces = _traces(tmp_path)
+    assert traces == [] and "tracking.traces: off" in caplog.text

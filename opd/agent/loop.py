@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from opd import tracing
 from opd.agent.chat_tokens import continuation_ids
 from opd.agent.tool_calls import ToolCallError, parse_tool_call
 from opd.envs.base import Generation, Sequence
@@ -102,7 +103,9 @@ async def run_agent(
                 results.append(f"error: unknown tool {call.name!r}; available: {', '.join(allowed_tools)}")
                 rollout.tool_errors += 1
                 continue
-            result = await run_tool(call.name, call.arguments)
+            with tracing.span(f"tool {call.name}", "TOOL", call.arguments) as span:
+                result = await run_tool(call.name, call.arguments)
+                span.outputs(result)
             rollout.tools_used.append(call.name)
             rollout.tool_errors += result.startswith("error:")
             results.append(result)

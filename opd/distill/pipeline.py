@@ -19,6 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from opd import tracing
 from opd.agent.loop import AgentRollout
 from opd.distill.judge import ChatFn, judge_pair
 from opd.distill.teacher import ScoreFn, score_turn
@@ -67,12 +68,17 @@ async def apply_opd(
     score: ScoreFn,
     settings: OPDSettings,
     failures: FailureLog,
+    trace_roots: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Fields to merge into the group (`distill_*` arrays, per-sequence override additions)."""
     semaphore = asyncio.Semaphore(settings.max_concurrency)
     pairs = [(i, pair) for i, r in enumerate(rollouts) for pair in turn_pairs(r, settings.max_state_chars, settings.max_response_chars)]
 
     async def one(seq_index: int, pair: TurnPair) -> tuple[int, TurnPair, dict[str, Any], Any]:
+        with tracing.attach(trace_roots[seq_index] if trace_roots else None):
+            return await judge_and_score(seq_index, pair)
+
+    async def judge_and_score(seq_index: int, pair: TurnPair) -> tuple[int, TurnPair, dict[str, Any], Any]:
         record: dict[str, Any] = {
             "span": [pair.span.start, pair.span.end],
             "message_index": pair.span.message_index,  # the turn in `messages`; its context is what precedes it

@@ -17,6 +17,7 @@ from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
 from opd.records import MASK, MASKED_LOGPROB
+from opd import tracing
 from opd.serving.vllm_client import OpenAIVLLMServer
 
 logger = logging.getLogger(__name__)
@@ -98,10 +99,13 @@ class OPDBaseEnv(BaseEnv):
         }
         if stop:
             kwargs["stop"] = stop
-        try:
-            _, ids, logprobs, reasons = await self.server.tokens_and_logprobs_completion(**kwargs)
-        except Exception as err:
-            raise unwrap_retry(err) from None
+        with tracing.span("generate", "LLM", {"prompt_tokens": len(prompt_ids), "max_tokens": max_tokens, "temperature": temperature, "stop": stop}) as span:
+            try:
+                _, ids, logprobs, reasons = await self.server.tokens_and_logprobs_completion(**kwargs)
+            except Exception as err:
+                raise unwrap_retry(err) from None
+            if span.active:
+                span.outputs({"text": self.tokenizer.decode(ids[0]), "tokens": len(ids[0]), "finish_reason": reasons[0]})
         return Generation(ids[0], logprobs[0], reasons[0])
 
     def group_metrics(self, group: dict[str, Any]) -> dict[str, float]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from atroposlib.envs.base import ScoredDataGroup
 
+from opd import tracing
 from opd.agent.tool_calls import CLOSE, ToolCallError, last_open_call, parse_tool_call
 from opd.config import InlineMathEnvConfig, InlineMathRewardConfig
 from opd.data.sources import TaskSet
@@ -164,7 +165,9 @@ class InlineMathEnv(OPDBaseEnv):
             elif body is None:
                 result, status = {"error": "</tool_call> without <tool_call>"}, "malformed"
             else:
-                result, status = await self.run_tool(body)
+                with tracing.span("tool", "TOOL", {"call": body}) as span:
+                    result, status = await self.run_tool(body)
+                    span.outputs({"result": result, "status": status})
             rollout.tool_calls_run += status in ("ok", "error")
             rollout.tool_errors += status != "ok"
             response = math_prompt.tool_response_text(result)
@@ -190,8 +193,21 @@ class InlineMathEnv(OPDBaseEnv):
     async def collect_trajectories(self, item: dict[str, str]) -> tuple[ScoredDataGroup, list]:
         """`group_size` rollouts of one problem, scored; raises if the group is not valid."""
         prompt = self.prompt_ids(item["problem"], use_pool=True)
-        rollouts = await asyncio.gather(*(self.rollout(prompt, self.cfg.temperature) for _ in range(self.cfg.group_size)))
-        scored = [self.score(r, item["answer"]) for r in rollouts]
+        roots = [tracing.start_root("rollout", {"item_id": item["id"], "problem": item["problem"], "index": i}) for i in range(self.cfg.group_size)]
+
+        async def traced(root: Any) -> Rollout:
+            with tracing.attach(root):
+                return await self.rollout(prompt, self.cfg.temperature)
+
+        try:
+            rollouts = await asyncio.gather(*(traced(root) for root in roots))
+            scored = [self.score(r, item["answer"]) for r in rollouts]
+        except BaseException as err:
+            for root in roots:
+                tracing.end_root(root, error=err)
+            raise
+        for root, s in zip(roots, scored):
+            tracing.end_root(root, {"score": s.score, "correct": s.correct, "signals": s.signals})
         group = ScoredDataGroup(
             tokens=[r.sequence.tokens for r in rollouts],
             masks=[r.sequence.masks for r in rollouts],

@@ -18,6 +18,7 @@ from typing import Any
 
 from atroposlib.envs.base import ScoredDataGroup
 
+from opd import tracing
 from opd.agent.loop import AgentRollout, run_agent
 from opd.config import ConfigError, JudgeConfig, OPDCodingEnvConfig, OPDCodingRewardConfig
 from opd.data.sources import TaskSet
@@ -97,18 +98,22 @@ class OPDCodingEnv(OPDBaseEnv):
     # ---- server calls used by OPD ----------------------------------------------------------
 
     async def score_prompt(self, input_ids: list[int], top_k: int) -> dict[str, Any]:
-        try:
-            return await self.server.get_logprobs(input_ids=input_ids, top_k=top_k, split="eval")
-        except Exception as err:
-            raise unwrap_retry(err) from None
+        with tracing.span("teacher scoring", "LLM", {"tokens": len(input_ids), "top_k": top_k}):
+            try:
+                return await self.server.get_logprobs(input_ids=input_ids, top_k=top_k, split="eval")
+            except Exception as err:
+                raise unwrap_retry(err) from None
 
     async def judge_chat(self, messages: list[dict[str, str]], n: int, max_tokens: int, temperature: float) -> list[str]:
         async def one(count: int) -> list[str]:
-            try:
-                completion = await self.judge_server.chat_completion(messages=messages, n=count, max_tokens=max_tokens, temperature=temperature, split="eval")
-            except Exception as err:
-                raise unwrap_retry(err) from None
-            return [choice.message.content or "" for choice in completion.choices]
+            with tracing.span("judge", "LLM", {"messages": messages, "votes": count}) as span:
+                try:
+                    completion = await self.judge_server.chat_completion(messages=messages, n=count, max_tokens=max_tokens, temperature=temperature, split="eval")
+                except Exception as err:
+                    raise unwrap_retry(err) from None
+                texts = [choice.message.content or "" for choice in completion.choices]
+                span.outputs(texts)
+            return texts
 
         if self.judge_cfg.votes_in_one_request:
             return await one(n)
@@ -135,7 +140,9 @@ class OPDCodingEnv(OPDBaseEnv):
                 top_p=self.cfg.top_p,
                 split=split,
             )
-            outcome = await signals.run_task_tests(workspace.root, task["test_code"], _limits(self.cfg.sandbox, self.reward_cfg.tests_timeout_s))
+            with tracing.span("task tests", "TOOL") as span:
+                outcome = await signals.run_task_tests(workspace.root, task["test_code"], _limits(self.cfg.sandbox, self.reward_cfg.tests_timeout_s))
+                span.outputs(outcome.level)
         finally:
             workspace.close()
         return rollout, self.score(rollout, outcome)
@@ -164,7 +171,23 @@ class OPDCodingEnv(OPDBaseEnv):
     # ---- groups ----------------------------------------------------------------------------
 
     async def collect_trajectories(self, item: dict[str, str]) -> tuple[ScoredDataGroup, list]:
-        results = await asyncio.gather(*(self.rollout(item, self.cfg.temperature) for _ in range(self.cfg.group_size)))
+        roots = [tracing.start_root("rollout", {"item_id": item["id"], "task": item["task"], "index": i}) for i in range(self.cfg.group_size)]
+        try:
+            group = await self._collect(item, roots)
+        except BaseException as err:
+            for root in roots:
+                tracing.end_root(root, error=err)
+            raise
+        for root, score, detail in zip(roots, group["scores"], group["overrides"]):
+            tracing.end_root(root, {"score": score, "tests": detail["tests"], "turns": detail["turns"]})
+        return group, []
+
+    async def _collect(self, item: dict[str, str], roots: list[Any]) -> ScoredDataGroup:
+        async def traced(root: Any) -> tuple[AgentRollout, dict[str, Any]]:
+            with tracing.attach(root):
+                return await self.rollout(item, self.cfg.temperature)
+
+        results = await asyncio.gather(*(traced(root) for root in roots))
         rollouts = [r for r, _ in results]
         details = [d for _, d in results]
         group = ScoredDataGroup(
@@ -185,7 +208,7 @@ class OPDCodingEnv(OPDBaseEnv):
             started = time.monotonic()
             fields = await apply_opd(
                 rollouts, tokenizer=self.tokenizer, tools=coding_prompt.TOOLS, chat=self.judge_chat,
-                score=self.score_prompt, settings=self.opd_settings, failures=self.failures,
+                score=self.score_prompt, settings=self.opd_settings, failures=self.failures, trace_roots=roots,
             )
             group["group_overrides"]["opd_wall_s"] = round(time.monotonic() - started, 3)
             group["distill_token_ids"] = fields["distill_token_ids"]
@@ -195,7 +218,7 @@ class OPDCodingEnv(OPDBaseEnv):
         problems = check_group(group)
         if problems:
             raise ValueError(f"invalid group for item {item['id']}: {'; '.join(problems[:3])}")
-        return group, []
+        return group
 
     def group_metrics(self, group: dict[str, Any]) -> dict[str, float]:
         details = group["overrides"]

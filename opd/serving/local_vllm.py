@@ -126,7 +126,8 @@ class LocalVLLM:
         logger.info("starting vLLM on port %d (log: %s)", self.port, self.log_path)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [sys.executable, str(Path(__file__).with_name("guard.py")), *self.command()],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.environment(), start_new_session=True,
             )
         health = f"http://127.0.0.1:{self.port}/health"

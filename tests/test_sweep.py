@@ -1,0 +1,242 @@
+"""Sweeps: the MLflow parent/child wiring, its failure paths, experiments.compare, the UI's REST view."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from opd.sweep import SweepState, job_label, read_state, run_name, shared_server_for, swept_keys, write_state
+
+
+def test_swept_keys_come_from_sweep_overrides_and_sweeper_params() -> None:
+    task = ["env=opd_coding", "reward.weights.correctness=0.5,0.7", "seed=range(0,2)", "total_steps=1"]
+    assert swept_keys(task, {"reward.weights.efficiency": "0.1,0.2"}) == [
+        "reward.weights.correctness", "seed", "reward.weights.efficiency",
+    ]
+    assert swept_keys(["a=1"], None) == []
+
+
+def test_job_names_say_what_was_swept() -> None:
+    values = job_label(["env=opd_coding", "reward.weights.correctness=0.7", "reward.weights.efficiency=0.1"],
+                       ["reward.weights.correctness", "reward.weights.efficiency"])
+    assert values == {"reward.weights.correctness": "0.7", "reward.weights.efficiency": "0.1"}
+    assert run_name(values) == "correctness=0.7,efficiency=0.1"
+    # Colliding last components keep the full key.
+    assert run_name({"env.temperature": "1", "judge.temperature": "0", "seed": "3"}) == "env.temperature=1,judge.temperature=0,seed=3"
+    assert run_name({}) == "job"
+    assert run_name({"reward.weights.correctness": "0.6841694527491273", "dataset.path": "/data/a.b.jsonl"}) == "correctness=0.6842,path=/data/a.b.jsonl"
+
+
+def test_state_round_trips_and_a_job_uses_the_shared_server_only_when_it_fits(tmp_path: Path) -> None:
+    from tests.conftest import compose
+    from opd.config import validate
+    from opd.sweep import server_settings
+
+    server = validate(compose(["distill_topk=5", "server.max_logprobs=5"])).server
+    state = SweepState(sweep_dir=str(tmp_path), swept=["seed"], server_urls=["http://127.0.0.1:1/v1"],
+                       server_settings={**server_settings(server), "max_logprobs": 20})
+    write_state(state)
+    assert read_state(tmp_path) == state
+    assert read_state(tmp_path / "missing") is None
+    assert shared_server_for(state, server) == ["http://127.0.0.1:1/v1"]  # asks top-5 of a top-20 server
+    bigger = validate(compose(["distill_topk=30", "server.max_logprobs=30"])).server
+    assert shared_server_for(state, bigger) is None
+    other = validate(compose(["server.max_model_len=2048"])).server
+    assert shared_server_for(state, other) is None
+    assert shared_server_for(None, server) is None
+
+
+# ---------------------------------------------------------------- real sweeps (subprocesses)
+
+def _sweep(tmp_path: Path, fixture_model: str, url: str | None, args: list[str]) -> tuple[subprocess.CompletedProcess, Path, str]:
+    """Run a sweep in a subprocess (url None: the embedded default server) with its store under tmp_path."""
+    store = tmp_path / "mlflow.db"
+    sweep_dir = tmp_path / "sweep"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env.pop("MLFLOW_RUN_ID", None)
+    server = ["server=vllm", f"server.model={fixture_model}", f"server.base_urls=[{url}]"] if url else []
+    cmd = [
+        sys.executable, "-m", "experiments.launch", "-m", *server, "runner.progress=false", f"tracking.uri=sqlite:///{store}",
+        f"tracking.artifact_root={tmp_path / 'mlruns'}", f"hydra.sweep.dir={sweep_dir}", *args,
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return proc, sweep_dir, f"sqlite:///{store}"
+
+
+def _runs(uri: str):
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, max_results=1000)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return client, parents, children
+
+
+SWEPT = ["reward.weights.correctness", "reward.weights.efficiency"]
+
+
+@pytest.fixture(scope="module")
+def basic_sweep(tmp_path_factory: pytest.TempPathFactory, fixture_model: str):
+    """The README's sweep, as a user runs it (embedded default server), made small."""
+    tmp_path = tmp_path_factory.mktemp("basic_sweep")
+    proc, sweep_dir, uri = _sweep(tmp_path, fixture_model, None, [
+        "env=opd_coding", "reward.weights.correctness=0.5,0.7,0.9", "reward.weights.efficiency=0.1,0.2",
+        "total_steps=2", "group_size=2", "env.max_turns=3", "judge_votes=1",
+    ])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sweep_dir, uri
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_readme_sweep_nests_six_named_children_under_one_finished_parent(basic_sweep) -> None:
+    sweep_dir, uri = basic_sweep
+    client, parents, children = _runs(uri)
+    assert len(parents) == 1 and len(children) == 6
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["opd.sweep_dir"] == str(sweep_dir.resolve())
+    assert parent.data.tags["opd.swept"] == ",".join(SWEPT)
+    assert parent.data.tags["opd.jobs"] == "6"
+    names = set()
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        correctness, efficiency = (child.data.params[key] for key in SWEPT)
+        assert child.info.run_name == f"correctness={correctness},efficiency={efficiency}"
+        names.add(child.info.run_name)
+        # The objective is the mean reward, logged as a metric; per-group metrics have a history.
+        assert child.data.metrics["objective"] == pytest.approx(child.data.metrics["summary/reward_mean"])
+        assert len(client.get_metric_history(child.info.run_id, "reward/mean")) == 2
+        assert len(client.get_metric_history(child.info.run_id, "opd/hint_rate")) == 2
+        # The dataset is the run's input; system tags say where and with what it ran.
+        (dataset_input,) = child.inputs.dataset_inputs
+        assert dataset_input.dataset.name == "coding_builtin" and dataset_input.dataset.digest
+        assert child.data.tags["version.mlflow"] and child.data.tags["git_commit"]
+    assert len(names) == 6
+    assert read_state(sweep_dir).parent_run_id == parent.info.run_id
+    # One server for the whole sweep: started in the sweep dir, none in the jobs' dirs.
+    assert (sweep_dir / "vllm" / "server.log").exists()
+    assert not list(sweep_dir.glob("*/vllm"))
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_compare_prints_the_table_writes_csv_and_plot_and_logs_them(basic_sweep) -> None:
+    sweep_dir, uri = basic_sweep
+    proc = subprocess.run([sys.executable, "-m", "experiments.compare", str(sweep_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:4] == ["run", "status", *SWEPT]
+    assert "objective" in lines[0]
+    assert all("FINISHED" in line for line in lines[2:8])
+    with (sweep_dir / "compare.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    objectives = [float(r["objective"]) for r in rows]
+    assert len(rows) == 6 and objectives == sorted(objectives, reverse=True)
+    assert (sweep_dir / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "#/compare-runs?runs=" in proc.stdout and "mlflow ui --backend-store-uri" in proc.stdout
+    client, parents, _ = _runs(uri)
+    logged = {a.path for a in client.list_artifacts(parents[0].info.run_id, "compare")}
+    assert logged == {"compare/compare.csv", "compare/compare.png"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str, **query: str):
+    with urllib.request.urlopen(f"{url}?{urllib.parse.urlencode(query)}" if query else url, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _post(url: str, body: dict):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_real_mlflow_server_shows_the_sweep_as_the_ui_does(basic_sweep, tmp_path: Path) -> None:
+    sweep_dir, uri = basic_sweep
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"), start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-2000:]
+                time.sleep(0.5)
+        experiments = _post(f"{base}/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]
+        ids = [e["experiment_id"] for e in experiments]
+        runs = _post(f"{base}/api/2.0/mlflow/runs/search", {"experiment_ids": ids, "max_results": 100})["runs"]
+        tags = [{t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in runs]
+        parents = [r for r, t in zip(runs, tags) if "mlflow.parentRunId" not in t]
+        assert len(parents) == 1
+        parent_id = parents[0]["info"]["run_id"]
+        children = [r for r, t in zip(runs, tags) if t.get("mlflow.parentRunId") == parent_id]
+        assert len(children) == 6
+        for child in children:
+            params = {p["key"]: p["value"] for p in child["data"]["params"]}
+            assert set(SWEPT) <= set(params)
+            run_id = child["info"]["run_id"]
+            history = _get(f"{base}/api/2.0/mlflow/metrics/get-history", run_id=run_id, metric_key="reward/mean")["metrics"]
+            assert [m["step"] for m in history] == [1, 2]
+            files = {f["path"] for f in _get(f"{base}/api/2.0/mlflow/artifacts/list", run_id=run_id, path="data")["files"]}
+            assert files == {"data/groups.jsonl", "data/groups.html"}
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_joblib_sweep_in_separate_processes_fails_the_parent_when_a_job_fails(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
+    # total_steps=0 is a bad value: that job fails; the other two still run in their own processes.
+    proc, sweep_dir, uri = _sweep(tmp_path, fixture_model, vllm_url, [
+        "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "env=inline_math", "group_size=2", "total_steps=1,0,2",
+    ])
+    assert proc.returncode != 0
+    assert "total_steps must be >= 1, got 0" in proc.stderr
+    _, parents, children = _runs(uri)
+    assert [p.info.status for p in parents] == ["FAILED"]
+    assert sorted(c.info.run_name for c in children) == ["total_steps=1", "total_steps=2"]
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    # The jobs ran in worker processes, not the launcher's: the parent id reached them through the sweep dir.
+    launcher_pid = parents[0].data.tags["opd.launcher_pid"]
+    assert all(c.data.tags["opd.pid"] != launcher_pid for c in children)
+    assert (sweep_dir / "0" / "groups.jsonl").exists() and (sweep_dir / "2" / "groups.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_tracking_fails_fails_its_jobs(tmp_path: Path, fixture_model: str) -> None:
+    # Hydra only warns when a callback raises; the job must not run on unlogged.
+    proc, _, _ = _sweep(tmp_path, fixture_model, "http://127.0.0.1:9/v1", ["env=inline_math", "seed=0,1", "tracking.uri=bogus-scheme://nowhere"])
+    assert proc.returncode != 0
+    assert "SweepCallback.on_multirun_start raised" in proc.stderr
+    assert "sweep job without sweep state" in proc.stderr
