@@ -125,6 +125,14 @@ class SweepCallback(Callback):
         self.server: Any = None
         self.client: Any = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The joblib and submitit launchers ship the callbacks to the job processes: send none of
+        # the launcher's live objects (server process, MLflow client); jobs read the state file.
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from opd.config import validate
 

@@ -240,3 +240,16 @@ def test_a_sweep_whose_tracking_fails_fails_its_jobs(tmp_path: Path, fixture_mod
     assert proc.returncode != 0
     assert "SweepCallback.on_multirun_start raised" in proc.stderr
     assert "sweep job without sweep state" in proc.stderr
+
+
+def test_the_callback_pickles_without_its_live_objects() -> None:
+    import pickle
+    import threading
+
+    from opd.sweep import SweepCallback
+
+    callback = SweepCallback()
+    callback.server = threading.Lock()  # stands in for the server process / MLflow client
+    callback.state = SweepState(sweep_dir="/x", swept=[])
+    copy = pickle.loads(pickle.dumps(callback))
+    assert copy.server is None and copy.state is None and copy.client is None
