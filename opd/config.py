@@ -158,12 +158,14 @@ class SandboxConfig:
     memory_mb: int = 1024
     # Largest file written, in MiB.
     file_size_mb: int = 16
-    # Process limit (not enforced for root by Linux).
+    # Process limit (a pids cgroup where one can be made, else RLIMIT_NPROC).
     max_processes: int = 64
     # Characters of stdout/stderr returned to the model.
     output_chars: int = 2000
     # Run in a new network namespace (no network) where the kernel allows.
     isolate_network: bool = True
+    # When the launcher runs as root, run sandboxed code as this user ("" keeps root: unsafe).
+    user: str = "nobody"
 
     def __post_init__(self) -> None:
         for key in ("timeout_s", "cpu_s", "memory_mb", "file_size_mb", "max_processes", "output_chars"):

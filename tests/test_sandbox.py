@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -56,8 +60,17 @@ def test_network_is_unreachable() -> None:
     assert result.error is not None and ("unreachable" in result.stderr or "refused" not in result.stderr)
 
 
-def test_background_processes_are_killed_when_the_call_ends(tmp_path) -> None:
-    marker = tmp_path / "alive"
+@pytest.fixture()
+def shared_dir() -> Iterator[Path]:
+    """A directory the sandbox user may write to (like /tmp itself)."""
+    path = Path(tempfile.mkdtemp(prefix="opd-test-shared-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_background_processes_are_killed_when_the_call_ends(shared_dir: Path) -> None:
+    marker = shared_dir / "alive"
     child = f"import time, pathlib\nwhile True:\n    time.sleep(0.1)\n    pathlib.Path({str(marker)!r}).touch()\n"
     code = (
         f"import os, subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child!r}])\n"

@@ -82,7 +82,7 @@ class InlineMathEnv(OPDBaseEnv):
         self.sandbox_limits = SandboxLimits(
             timeout_s=cfg.sandbox.timeout_s, cpu_s=cfg.sandbox.cpu_s, memory_mb=cfg.sandbox.memory_mb,
             file_size_mb=cfg.sandbox.file_size_mb, max_processes=cfg.sandbox.max_processes,
-            output_chars=cfg.sandbox.output_chars, isolate_network=cfg.sandbox.isolate_network,
+            output_chars=cfg.sandbox.output_chars, isolate_network=cfg.sandbox.isolate_network, user=cfg.sandbox.user,
         )
         self.calculator_limits = CalculatorLimits(max_chars=cfg.calculator_max_chars)
         self.stop_id = self.tokenizer.convert_tokens_to_ids(CLOSE)

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 def _limits(cfg: Any, timeout_s: float | None = None) -> SandboxLimits:
     return SandboxLimits(
         timeout_s=timeout_s or cfg.timeout_s, cpu_s=cfg.cpu_s, memory_mb=cfg.memory_mb, file_size_mb=cfg.file_size_mb,
-        max_processes=cfg.max_processes, output_chars=cfg.output_chars, isolate_network=cfg.isolate_network,
+        max_processes=cfg.max_processes, output_chars=cfg.output_chars, isolate_network=cfg.isolate_network, user=cfg.user,
     )
 
 

@@ -2,27 +2,35 @@
 
 What it guarantees: each run gets a fresh temporary directory as its working directory and HOME,
 a scrubbed environment (no variables of the parent), the interpreter in isolated mode, resource
-limits set before `exec` (CPU seconds, address space, file size, open files, and processes where
-the kernel enforces them), a wall-clock timeout after which its whole process group is killed,
-stdout/stderr captured to files and truncated, and a new network namespace where the kernel lets
-an unprivileged or root process create one (then no network at all). It is not a container: the
-code can read world-readable files outside its directory and use CPU until its limit.
+limits set before `exec` (CPU seconds, address space, file size, open files), a process-count
+limit (a pids cgroup where one can be created, else RLIMIT_NPROC, which Linux does not apply to
+root), a wall-clock timeout after which every process it started is killed, stdout/stderr
+captured to files and truncated, a new PID namespace (it cannot see or signal the processes
+outside: not the launcher, not other rollouts) and a new network namespace (no network) where the
+kernel allows them. It is not a container: the code can read world-readable files outside its
+directory and use CPU until its limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import ctypes
 import logging
 import os
+import pwd
 import resource
 import shutil
 import signal
 import sys
 import tempfile
+import subprocess
 import textwrap
 import time
+import uuid
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +66,7 @@ class SandboxLimits:
     memory_mb: int = 1024
     # Largest file the code may write, in MiB (RLIMIT_FSIZE); also caps captured output.
     file_size_mb: int = 16
-    # Most processes for the sandbox user (RLIMIT_NPROC; not enforced for root by Linux).
+    # Most processes of one run (a pids cgroup; else RLIMIT_NPROC, which Linux does not apply to root).
     max_processes: int = 64
     # Most open file descriptors (RLIMIT_NOFILE).
     max_open_files: int = 64
@@ -66,6 +74,8 @@ class SandboxLimits:
     output_chars: int = 2000
     # Put the child in a new network namespace (no network) where the kernel allows it.
     isolate_network: bool = True
+    # When we run as root: run the code as this user ("" keeps root).
+    user: str = "nobody"
 
 
 @dataclass(frozen=True)
@@ -86,18 +96,175 @@ class SandboxResult:
         return result
 
 
-def _preexec(limits: SandboxLimits) -> None:
-    """Runs in the child between fork and exec: apply limits, detach, drop the network."""
+@lru_cache(maxsize=1)
+def _unshare() -> str | None:
+    """The unshare binary, if it can create a PID namespace here (root, or user namespaces)."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return None
+    try:
+        ok = subprocess.run([unshare, "--pid", "--fork", "--kill-child", "--", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    if not ok:
+        logger.warning("no PID namespaces here: sandboxed code can see and signal other processes of its user")
+    return unshare if ok else None
+
+
+def _runs_as(ids: tuple[int, int], python: str) -> bool:
+    """Can the sandbox user start this interpreter (every directory above it must let it in)?"""
+    def drop() -> None:
+        os.setgroups([])
+        os.setgid(ids[1])
+        os.setuid(ids[0])
+
+    try:
+        return subprocess.run([python, "-I", "-c", "pass"], preexec_fn=drop, capture_output=True, timeout=30, cwd="/").returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@lru_cache(maxsize=8)
+def sandbox_plan(user: str) -> tuple[tuple[int, int] | None, str]:
+    """((uid, gid) to drop to or None, the interpreter sandboxed code runs).
+
+    Only root drops privileges. The project's interpreter is used when the sandbox user can run
+    it; a virtualenv under /root cannot be, so the system's python3 is used then.
+    """
+    if os.geteuid() != 0 or not user:
+        return None, sys.executable
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        logger.warning("sandbox user %r does not exist: sandboxed code runs as root", user)
+        return None, sys.executable
+    ids = (entry.pw_uid, entry.pw_gid)
+    for python in (sys.executable, shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")):
+        if python and _runs_as(ids, python):
+            if python != sys.executable:
+                logger.info("sandboxed code runs %s as %s (%s is not reachable by that user)", python, user, sys.executable)
+            return ids, python
+    logger.warning("user %r cannot run any python here: sandboxed code runs as root", user)
+    return None, sys.executable
+
+
+@lru_cache(maxsize=8)
+def _bin_dir(python: str) -> str:
+    """A directory with `python` and `python3` pointing at the sandbox's interpreter (first on PATH)."""
+    if os.path.basename(python) == "python" and python == sys.executable:
+        return os.path.dirname(python)
+    path = tempfile.mkdtemp(prefix="opd-sandbox-bin-")
+    os.chmod(path, 0o755)
+    for name in ("python", "python3"):
+        os.symlink(python, os.path.join(path, name))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def _give_to(workdir: str, ids: tuple[int, int]) -> None:
+    """Make the run's directory tree the sandbox user's (files our own tools wrote included)."""
+    uid, gid = ids
+    os.lchown(workdir, uid, gid)
+    for root, dirs, files in os.walk(workdir):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), uid, gid)
+
+
+def _command(argv: list[str], ids: tuple[int, int] | None) -> list[str]:
+    """argv inside a new PID namespace (as the sandbox user) where possible."""
+    unshare = _unshare()
+    if unshare is None:
+        return list(argv)
+    drop = ["--setuid", str(ids[0]), "--setgid", str(ids[1])] if ids else []
+    return [unshare, "--pid", "--fork", "--kill-child", *drop, "--", *argv]
+
+
+@lru_cache(maxsize=1)
+def _pids_cgroup_root() -> Path | None:
+    """A writable pids-controller hierarchy (cgroup v1 or v2), or None."""
+    for root in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):
+        if (root / "cgroup.procs").exists() and os.access(root, os.W_OK):
+            probe = root / f"opd-probe-{uuid.uuid4().hex[:8]}"
+            try:
+                probe.mkdir()
+            except OSError:
+                continue
+            try:
+                if (probe / "pids.max").exists():
+                    return root
+            finally:
+                probe.rmdir()
+    logger.info("no writable pids cgroup: the sandbox's process limit is RLIMIT_NPROC only (not enforced for root)")
+    return None
+
+
+class _PidsCgroup:
+    """A cgroup that caps the number of processes of one sandboxed run and kills them all at the end."""
+
+    def __init__(self, max_processes: int) -> None:
+        root = _pids_cgroup_root()
+        self.path: Path | None = None
+        if root is not None:
+            path = root / f"opd-sandbox-{uuid.uuid4().hex}"
+            try:
+                path.mkdir()
+                (path / "pids.max").write_text(str(max_processes))
+                self.path = path
+            except OSError as err:
+                logger.warning("could not set up a pids cgroup (%s); RLIMIT_NPROC only", err)
+
+    def join(self) -> None:
+        """In the child before exec: move this process (and so all it starts) into the cgroup."""
+        if self.path is not None:
+            with open(self.path / "cgroup.procs", "w") as handle:
+                handle.write("0")
+
+    def close(self) -> None:
+        """Kill whatever is left in the cgroup, then remove it."""
+        if self.path is None:
+            return
+        for _ in range(50):
+            try:
+                pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+            except OSError:
+                break
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                self.path = None
+                return
+            except OSError:
+                time.sleep(0.02)
+        logger.warning("could not remove cgroup %s", self.path)
+
+
+def _preexec(limits: SandboxLimits, cgroup: _PidsCgroup, ids: tuple[int, int] | None) -> None:
+    """Runs in the child between fork and exec: apply limits, detach, drop the network, and
+    (without unshare, which otherwise does it inside the new namespace) drop root."""
     os.setsid()
+    cgroup.join()
     mib = 1024 * 1024
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mib, limits.memory_mb * mib))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mib, limits.file_size_mb * mib))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files))
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
+    if cgroup.path is None:  # per user, so shared by concurrent runs: the cgroup is per run
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if limits.isolate_network:
         ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWNET)
+    if ids is not None and _unshare() is None:
+        os.setgroups([])
+        os.setgid(ids[1])
+        os.setuid(ids[0])
 
 
 def _read_truncated(path: str, limit: int) -> str:
@@ -124,15 +291,19 @@ async def run_command(argv: list[str], workdir: str, limits: SandboxLimits) -> S
     """
     started = time.monotonic()
     out_path, err_path = os.path.join(workdir, ".stdout"), os.path.join(workdir, ".stderr")
-    # The project's interpreter first, so `python` in a command means the one running us.
-    env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+    ids, python = sandbox_plan(limits.user)
+    # The sandbox's interpreter first, so `python` in a command means that one.
+    env = {"PATH": f"{_bin_dir(python)}:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
            # A rewrite within the same second and of the same size would otherwise run stale bytecode.
            "PYTHONDONTWRITEBYTECODE": "1"}
+    cgroup = _PidsCgroup(limits.max_processes)
     try:
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            if ids is not None:
+                _give_to(workdir, ids)
             proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=workdir, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
-                preexec_fn=lambda: _preexec(limits), close_fds=True,
+                *_command(argv, ids), cwd=workdir, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
+                preexec_fn=lambda: _preexec(limits, cgroup, ids), close_fds=True,
             )
         timed_out = False
         try:
@@ -140,13 +311,16 @@ async def run_command(argv: list[str], workdir: str, limits: SandboxLimits) -> S
         except asyncio.TimeoutError:
             timed_out = True
         finally:
-            # Kill the whole group: the child and anything it left running in the background.
+            # Kill the whole group: the child and anything it left running in the background
+            # (the PID namespace and the cgroup also catch processes that left the group).
             _kill_group(proc.pid)
             if proc.returncode is None:
                 await proc.wait()
+            cgroup.close()
         stdout = _read_truncated(out_path, limits.output_chars)
         stderr = _read_truncated(err_path, limits.output_chars)
     finally:
+        cgroup.close()
         for path in (out_path, err_path):
             try:
                 os.unlink(path)
@@ -171,6 +345,6 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
         snippet = os.path.join(workdir, "snippet.py")
         with open(snippet, "w", encoding="utf-8") as handle:
             handle.write(code)
-        return await run_command([sys.executable, "-I", "-c", _RUNNER, snippet], workdir, limits)
+        return await run_command([sandbox_plan(limits.user)[1], "-I", "-c", _RUNNER, snippet], workdir, limits)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

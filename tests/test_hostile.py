@@ -1,0 +1,113 @@
+"""A corpus of hostile programs: each is contained and reported as a failed tool call, nothing it
+started survives the call, the launcher (this process) is untouched, and the next call works.
+
+Every program runs twice: as the python tool's code (inline_math) and as a file the coding agent
+runs from its terminal (opd_coding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from opd.tools.sandbox import SandboxLimits, _pids_cgroup_root, run_python, sandbox_plan
+from opd.tools.workspace import Workspace
+
+LIMITS = SandboxLimits(timeout_s=3, cpu_s=3, memory_mb=512, file_size_mb=8, max_processes=16, output_chars=500)
+ESCAPE = ROOT / "opd-hostile-escape.txt"
+SECRET = "opd-hostile-secret-7f3a"
+LAUNCHER = os.getpid()
+DROPS_ROOT = sandbox_plan(LIMITS.user)[0] is not None
+
+# name -> program. {pid} is this process (the launcher), {escape} a path outside the sandbox.
+CORPUS = {
+    "infinite_loop": "while True:\n    pass\n",
+    "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+    "memory_bomb": "block = bytearray(8 * 1024 ** 3)\n",
+    "disk_filler": "with open('filler.bin', 'wb') as f:\n    while True:\n        f.write(b'0' * 2 ** 20)\n",
+    "gigantic_output": "import sys\nwhile True:\n    sys.stdout.write('x' * 2 ** 20)\n",
+    "write_outside_absolute": "open({escape!r}, 'w').write('escaped')\n",
+    "write_outside_dotdot": "import os\nopen(os.path.join('..', '..', {escape!r}.lstrip('/')), 'w').write('escaped')\n",
+    "symlink_out": "import os\nos.symlink({escape!r}, 'link')\nopen('link', 'w').write('escaped')\n",
+    "read_parent_environment": "import os\nprint(open('/proc/{pid}/environ', 'rb').read())\n",
+    "print_the_environment": "import os\nprint(dict(os.environ))\nraise SystemExit(4)\n",
+    "kill_the_launcher": "import os, signal\nos.kill({pid}, signal.SIGKILL)\n",
+    "network": "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\n",
+    "background_process": "import subprocess\nsubprocess.Popen(['sleep', '987'], start_new_session=True)\nraise SystemExit(5)\n",
+    "sleep_past_timeout": "import time\ntime.sleep(600)\n",
+}
+# Needs root-only protections (privilege drop) to be an error; a non-root launcher reports them
+# as errors anyway because the kernel refuses the same things to any unprivileged user.
+ROOT_ONLY = {"write_outside_absolute", "write_outside_dotdot", "symlink_out", "read_parent_environment"}
+
+
+def program(name: str) -> str:
+    return CORPUS[name].format(pid=LAUNCHER, escape=str(ESCAPE), secret=SECRET)
+
+
+def _leftovers() -> list[str]:
+    """Processes the corpus may have left: `sleep 987` and anything of a sandbox cgroup."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "sleep 987" in cmdline:
+                found.append(f"{entry.name}: {cmdline}")
+    root = _pids_cgroup_root()
+    if root is not None:
+        found += [str(p) for p in root.glob("opd-sandbox-*")]
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _secret_and_cleanup(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("OPD_HOSTILE_SECRET", SECRET)
+    ESCAPE.unlink(missing_ok=True)
+    yield
+    assert not ESCAPE.exists(), "a program wrote outside its sandbox"
+    assert _leftovers() == [], "a program left processes behind"
+
+
+def _check_skip(name: str) -> None:
+    if name == "fork_bomb" and _pids_cgroup_root() is None and os.geteuid() == 0:
+        pytest.skip("no pids cgroup and running as root: Linux would not limit a fork bomb (README, Guarantees)")
+    if name in ROOT_ONLY and os.geteuid() == 0 and not DROPS_ROOT:
+        pytest.skip("running as root without a sandbox user: the code could do this (README, Guarantees)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_python_tool_contains_and_reports(name: str) -> None:
+    _check_skip(name)
+    result = asyncio.run(run_python(program(name), LIMITS))
+    assert result.error is not None, (name, result)
+    assert SECRET not in result.stdout + result.stderr
+    assert len(result.stdout) <= LIMITS.output_chars + 60 and len(result.stderr) <= LIMITS.output_chars + 60
+    assert result.wall_s < LIMITS.timeout_s + 5
+    assert asyncio.run(run_python("1 + 1", LIMITS)).stdout.strip() == "2"  # the next call works
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_agent_terminal_contains_and_reports(name: str) -> None:
+    _check_skip(name)
+    workspace = Workspace(LIMITS, max_file_chars=5000)
+    try:
+        assert asyncio.run(workspace.call("write_file", {"path": "evil.py", "content": program(name)})).startswith("wrote")
+        output = asyncio.run(workspace.call("terminal", {"command": "python evil.py"}))
+        status = re.search(r"\[(exit code (-?\d+)|timed out after [\d.]+ s)\]$", output)
+        assert status is not None, output[-300:]
+        assert status.group(2) != "0", output[-300:]
+        assert len(output) <= 2 * LIMITS.output_chars + 200
+        assert SECRET not in output
+        assert asyncio.run(workspace.call("terminal", {"command": "echo fine"})) == "fine\n[exit code 0]"
+    finally:
+        workspace.close()
