@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import os
@@ -37,11 +38,16 @@ def _resolved(cfg: DictConfig) -> dict[str, Any]:
     return container
 
 
-async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any) -> tuple[dict[str, float], dict[str, list[float]]]:
+async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any, watch: Any, kept: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, list[float]]]:
+    from collections import Counter
+
     from opd.records import GroupWriter
     from opd.runner import run_generation
 
     history: dict[str, list[float]] = {}
+    for group in kept:  # a resumed run's earlier groups count in its summary (already in MLflow)
+        for key, value in env.group_metrics(group).items():
+            history.setdefault(key, []).append(float(value))
 
     def on_metrics(metrics: dict[str, float], step: int) -> None:
         for key, value in metrics.items():
@@ -51,6 +57,7 @@ async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any) -> tu
 
     api = None
     try:
+        await watch.check()  # a server that is down at the start: wait (bounded) or fail clearly
         await env.setup()
         async with contextlib.AsyncExitStack() as stack:
             on_group = None
@@ -67,7 +74,10 @@ async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any) -> tu
                 max_failed_groups=typed.runner.max_failed_groups,
                 on_metrics=on_metrics,
                 on_group=on_group,
+                on_failure=watch.check,
                 progress=typed.runner.progress,
+                already_written=len(kept),
+                skip_items=Counter(str(g.get("group_overrides", {}).get("item_id")) for g in kept),
             )
     finally:
         await env.close()
@@ -77,8 +87,10 @@ async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any) -> tu
         "summary/groups_failed": float(stats.failed),
         "summary/items_given_up": float(stats.items_given_up),
         "summary/wall_s": stats.elapsed,
-        "summary/groups_per_s": stats.written / stats.elapsed,
+        "summary/groups_per_s": (stats.written - len(kept)) / stats.elapsed,
         "summary/reward_mean": statistics.fmean(rewards) if rewards else math.nan,
+        "summary/server_outages": float(watch.outages),
+        "summary/server_restarts": float(watch.restarts),
     }
     if api is not None:
         summary.update({"summary/serve_groups_sent": float(api.sent), "summary/serve_wait_s": api.waited_s})
@@ -103,6 +115,32 @@ def objective_of(name: str | None, mode: str, summary: dict[str, float], history
         return statistics.fmean(history[name])
     known = sorted(set(summary) | set(history))
     raise ConfigError(f"sweep.objective: no metric {name!r} in this run; known: {', '.join(known)}")
+
+
+RUN_FILE = "mlflow_run.json"
+
+
+def _resume_state(typed: Config, sweep: Any, out: Path, groups_path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """(valid groups kept from a killed run, its MLflow run id) for resume=true; ([], None) otherwise."""
+    from opd.records import recover
+
+    if not typed.resume:
+        if groups_path.exists() and groups_path.stat().st_size > 0:
+            raise ConfigError(f"resume: {groups_path} already has groups; continue it with resume=true or use another directory")
+        return [], None
+    if sweep is not None:
+        raise ConfigError("resume: resume=true continues one run (hydra.run.dir=<its directory>), not a sweep job")
+    if typed.mode == "evaluate":
+        raise ConfigError("resume: only train and serve runs write groups to resume")
+    if not groups_path.exists():
+        raise ConfigError(f"resume: no {groups_path} to continue; pass hydra.run.dir=<the killed run's directory>")
+    kept = recover(groups_path)
+    previous = None
+    run_file = out / RUN_FILE
+    if typed.tracking.enabled and run_file.exists():
+        previous = json.loads(run_file.read_text()).get("run_id")
+    logger.info("resuming %s: %d valid groups kept, %d to go; MLflow run %s", groups_path, len(kept), max(0, typed.total_steps - len(kept)), previous or "new")
+    return kept, previous
 
 
 def _sweep_job() -> tuple[Any, dict[str, str]]:
@@ -134,6 +172,8 @@ def launch(cfg: DictConfig) -> float:
     typed = validate(cfg)
     sweep, swept = _sweep_job()
     out = Path(typed.output_dir)
+    groups_path = out / "groups.jsonl"
+    kept, previous_run = _resume_state(typed, sweep, out, groups_path)
     out.mkdir(parents=True, exist_ok=True)
     resolved = _resolved(cfg)
     yaml_text = OmegaConf.to_yaml(resolved)
@@ -145,14 +185,22 @@ def launch(cfg: DictConfig) -> float:
     if typed.tracking.enabled:
         if sweep is not None and sweep.parent_run_id is None:
             raise RuntimeError(f"tracking is on but the sweep in {sweep.sweep_dir} has no MLflow parent run (was tracking off for the sweep?)")
-        tracker = Tracker(
-            typed.tracking.uri, typed.tracking.experiment, typed.tracking.artifact_root,
-            typed.tracking.run_name or (run_name(swept) if sweep is not None else None), typed.tracking.max_param_chars,
-            parent_run_id=sweep.parent_run_id if sweep else None, experiment_id=sweep.experiment_id if sweep else None,
-        )
+        try:
+            tracker = Tracker(
+                typed.tracking.uri, typed.tracking.experiment, typed.tracking.artifact_root,
+                typed.tracking.run_name or (run_name(swept) if sweep is not None else None), typed.tracking.max_param_chars,
+                parent_run_id=sweep.parent_run_id if sweep else None, experiment_id=sweep.experiment_id if sweep else None,
+                run_id=previous_run,
+            )
+        except Exception as err:  # MLflow raises many types for a bad or unreachable store
+            raise ConfigError(f"tracking.uri: cannot open the MLflow store {typed.tracking.uri!r}: {type(err).__name__}: {str(err)[:300]}") from err
+        (out / RUN_FILE).write_text(json.dumps({"run_id": tracker.run_id, "tracking_uri": tracker.uri}))
     status = "FAILED"
     try:
-        if tracker is not None:
+        if tracker is not None and previous_run is not None:
+            tracker.set_tags({"opd.resumed_with_groups": str(len(kept))})
+            tracker.mlflow.log_text(yaml_text, "config_resumed.yaml")
+        elif tracker is not None:
             tracker.log_config(resolved, yaml_text)
             tracker.log_params({key: value for key, value in swept.items()})
             tracker.set_tags({
@@ -161,32 +209,23 @@ def launch(cfg: DictConfig) -> float:
                 "opd.pid": str(os.getpid()),
                 **({"opd.sweep_dir": sweep.sweep_dir, "opd.swept": ",".join(swept)} if sweep else {}),
             })
-            if typed.tracking.log_input:
+            if typed.tracking.log_input and previous_run is None:
                 d = typed.dataset
                 rows = data.eval if typed.mode == "evaluate" else data.train
                 tracker.log_dataset(d.name, dataset_source(d.source, d.path, d.subset, d.split, data.source), rows, "eval" if typed.mode == "evaluate" else "train")
         if tracker is not None and typed.tracking.traces:
             _enable_tracing(typed, tracker.experiment_id)
-        groups_path = out / "groups.jsonl"
         history: dict[str, list[float]] = {}
         shared = shared_server_for(sweep, typed.server) if typed.server.kind == "local" else None
-        with inference_servers(typed, model, out / "vllm", shared=shared) as urls:
+        with inference_servers(typed, model, out / "vllm", shared=shared) as (urls, watch):
             env = build_env(typed, data, model, urls)
             if typed.mode == "evaluate":
                 summary = asyncio.run(_evaluate(env, typed))
             else:
-                summary, history = asyncio.run(_train(env, typed, groups_path, tracker))
+                summary, history = asyncio.run(_train(env, typed, groups_path, tracker, watch, kept))
         objective = objective_of(typed.sweep.objective, typed.mode, summary, history)
         if tracker is not None:
             tracker.log_metrics({**summary, "objective": objective}, step=typed.total_steps if typed.mode != "evaluate" else 0)
-            if typed.mode != "evaluate" and typed.tracking.log_data_artifacts and groups_path.exists():
-                from opd.viewer import write_viewer
-
-                tracker.log_artifact(groups_path, "data")
-                try:
-                    tracker.log_artifact(write_viewer(groups_path, env.tokenizer, out / "groups.html"), "data")
-                except RuntimeError as err:
-                    logger.warning("no HTML viewer: %s", err)
         logger.info("summary: %s", {k: round(v, 4) for k, v in summary.items()})
         status = "FINISHED"
         return float(objective)
@@ -197,7 +236,23 @@ def launch(cfg: DictConfig) -> float:
         tracing.flush()
         tracing.enable(False)
         if tracker is not None:
+            # Also for failed and killed runs: the groups written so far are the run's data.
+            if typed.mode != "evaluate" and typed.tracking.log_data_artifacts and groups_path.exists():
+                _log_data(tracker, groups_path, model, out)
             tracker.end(status)
+
+
+def _log_data(tracker: Any, groups_path: Path, model: str, out: Path) -> None:
+    """groups.jsonl and its HTML viewer as artifacts under data/ (best effort: never masks the run's own error)."""
+    from transformers import AutoTokenizer
+
+    from opd.viewer import write_viewer
+
+    try:
+        tracker.log_artifact(groups_path, "data")
+        tracker.log_artifact(write_viewer(groups_path, AutoTokenizer.from_pretrained(model), out / "groups.html"), "data")
+    except Exception as err:  # noqa: BLE001 - logged; the data itself is safe on disk
+        logger.warning("could not log the data artifacts: %s", err)
 
 
 def _enable_tracing(typed: Config, experiment_id: str) -> None:

@@ -13,6 +13,7 @@ from typing import Iterator
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
 from opd.config import Config, ConfigError
+from opd.serving.watch import ServerWatch
 
 logger = logging.getLogger(__name__)
 
@@ -47,18 +48,19 @@ def local_server(cfg: Config, model: str, workdir: Path):
 
 
 @contextlib.contextmanager
-def inference_servers(cfg: Config, model: str, workdir: Path, shared: list[str] | None = None) -> Iterator[list[str]]:
-    """Yield the /v1 base URLs to use: server=vllm's URLs, a sweep's shared server, or a local
-    server started here and always stopped."""
+def inference_servers(cfg: Config, model: str, workdir: Path, shared: list[str] | None = None) -> Iterator[tuple[list[str], ServerWatch]]:
+    """Yield the /v1 base URLs to use (server=vllm's URLs, a sweep's shared server, or a local
+    server started here and always stopped) and the watch that handles their outages."""
+    limits = {"max_restarts": cfg.server.max_restarts, "unreachable_timeout_s": cfg.server.unreachable_timeout_s}
     if cfg.server.kind == "vllm":
-        yield list(cfg.server.base_urls)
+        yield list(cfg.server.base_urls), ServerWatch(list(cfg.server.base_urls), **limits)
         return
     if shared:
         logger.info("using the sweep's shared inference server %s", ", ".join(shared))
-        yield list(shared)
+        yield list(shared), ServerWatch(list(shared), **limits)
         return
     with local_server(cfg, model, workdir) as server:
-        yield [server.base_url]
+        yield [server.base_url], ServerWatch([server.base_url], local=server, **limits)
 
 
 def server_configs(cfg: Config, model: str, base_urls: list[str]) -> list[APIServerConfig]:

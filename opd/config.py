@@ -62,6 +62,10 @@ class ServerConfig:
     api_key: str = "opd-local"
     # Extra command-line arguments for the local vLLM server.
     extra_args: list[str] = field(default_factory=list)
+    # Restarts of a local server that died during a run before the run fails.
+    max_restarts: int = 2
+    # Seconds to keep retrying (with backoff) running servers that stopped answering, then fail.
+    unreachable_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         _one_of("server.kind", self.kind, ("local", "vllm"))
@@ -76,6 +80,8 @@ class ServerConfig:
         _at_least("server.max_requests_in_flight", self.max_requests_in_flight, 1)
         _at_least("server.cpu_kv_cache_gib", self.cpu_kv_cache_gib, 1)
         _check(bool(self.api_key), "server.api_key", "a non-empty string", self.api_key)
+        _at_least("server.max_restarts", self.max_restarts, 0)
+        _at_least("server.unreachable_timeout_s", self.unreachable_timeout_s, 0)
 
 
 @dataclass
@@ -498,6 +504,9 @@ class Config:
     judge_votes: int = 3
     # Directory of this run (Hydra's output dir).
     output_dir: str = MISSING
+    # Continue a killed run in its directory (hydra.run.dir=<that dir>): keep its valid groups,
+    # skip their items, write the rest, continue its MLflow run.
+    resume: bool = False
 
     def __post_init__(self) -> None:
         _one_of("mode", self.mode, ("train", "evaluate", "serve"))

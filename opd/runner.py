@@ -6,6 +6,8 @@
 - Only written groups count towards `total_steps`; more than `max_failed_groups` failures end
   the run with an error instead of looping forever.
 - Each group is checked (`opd.records.check_group`) and appended to groups.jsonl, flushed.
+- After a failure `on_failure` may check the inference server (opd.serving.watch) before more
+  groups start.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
@@ -62,12 +64,29 @@ async def run_generation(
     max_failed_groups: int,
     on_metrics: MetricsSink | None = None,
     on_group: GroupSink | None = None,
+    on_failure: Callable[[BaseException], Awaitable[None]] | None = None,
     progress: bool = True,
+    already_written: int = 0,
+    skip_items: Counter[str] | None = None,
 ) -> RunStats:
-    """Write `total_steps` groups from `env` to `writer`; return what happened."""
-    stats = RunStats()
+    """Write groups from `env` to `writer` until `total_steps` are written; return what happened.
+
+    A resumed run passes the groups it kept (`already_written`) and their item ids (`skip_items`,
+    each skipped as often as it was done) so no item is done twice.
+    """
+    stats = RunStats(written=already_written)
+    skip = Counter(skip_items or {})
     retry: deque[tuple[Any, int]] = deque()
-    bar = tqdm(total=total_steps, desc="groups", unit="group", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=total_steps, initial=already_written, desc="groups", unit="group", disable=not progress, dynamic_ncols=True)
+
+    async def next_item() -> Any:
+        while True:
+            item = await env.get_next_item()
+            item_id = item.get("id") if isinstance(item, dict) else None
+            if item_id is not None and skip[item_id] > 0:
+                skip[item_id] -= 1
+                continue
+            return item
 
     async def attempt(item: Any, tries: int) -> tuple[Any, int, dict[str, Any]]:
         group, _ = await env.collect_trajectories(item)
@@ -78,7 +97,7 @@ async def run_generation(
         while stats.written < total_steps:
             # Enough in flight to finish, never more than the limit.
             while len(in_flight) < groups_in_flight and stats.written + len(in_flight) < total_steps:
-                item, tries = retry.popleft() if retry else (await env.get_next_item(), 0)
+                item, tries = retry.popleft() if retry else (await next_item(), 0)
                 task = asyncio.create_task(attempt(item, tries + 1))
                 in_flight[task] = (item, tries + 1)
             done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
@@ -93,6 +112,9 @@ async def run_generation(
                 if err is not None:
                     _record_failure(stats, item, tries, err, max_attempts_per_item, retry)
                     bar.set_postfix(failed=stats.failed)
+                    if on_failure is not None:
+                        # Is the server still there? (restarts it, or waits, or raises; nothing new starts meanwhile)
+                        await on_failure(err)
                     if stats.failed > max_failed_groups:
                         raise TooManyFailures(
                             f"{stats.failed} groups failed (runner.max_failed_groups={max_failed_groups}); "
@@ -106,14 +128,14 @@ async def run_generation(
                 if on_group is not None:
                     await on_group(group)
                 bar.update(1)
-                bar.set_postfix(failed=stats.failed, groups_per_s=f"{stats.written / stats.elapsed:.2f}")
+                bar.set_postfix(failed=stats.failed, groups_per_s=f"{(stats.written - already_written) / stats.elapsed:.2f}")
                 if on_metrics is not None:
                     metrics = dict(env.group_metrics(group))
                     metrics.update(
                         {
                             "runner/groups_written": float(stats.written),
                             "runner/groups_failed": float(stats.failed),
-                            "runner/groups_per_s": stats.written / stats.elapsed,
+                            "runner/groups_per_s": (stats.written - already_written) / stats.elapsed,
                         }
                     )
                     on_metrics(metrics, stats.written)

@@ -99,7 +99,7 @@ class Tracker:
 
     def __init__(
         self, uri: str, experiment: str, artifact_root: str, run_name: str | None, max_param_chars: int,
-        parent_run_id: str | None = None, experiment_id: str | None = None,
+        parent_run_id: str | None = None, experiment_id: str | None = None, run_id: str | None = None,
     ) -> None:
         import mlflow
 
@@ -108,9 +108,13 @@ class Tracker:
         self.max_param_chars = max_param_chars
         mlflow.set_tracking_uri(self.uri)
         self.client = mlflow.MlflowClient(self.uri)
-        self.experiment_id = experiment_id or ensure_experiment(self.client, experiment, artifact_root)
         os.environ.pop("MLFLOW_RUN_ID", None)  # an inherited id would hijack the run
-        self.run = mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name, parent_run_id=parent_run_id)
+        if run_id is not None:  # continue a run (resume=true)
+            self.experiment_id = self.client.get_run(run_id).info.experiment_id
+            self.run = mlflow.start_run(run_id=run_id)
+        else:
+            self.experiment_id = experiment_id or ensure_experiment(self.client, experiment, artifact_root)
+            self.run = mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name, parent_run_id=parent_run_id)
         self.run_id = self.run.info.run_id
         self.params: set[str] = set()
         logger.info("MLflow run %s in experiment %s (%s)%s", self.run_id, self.experiment_id, self.uri,

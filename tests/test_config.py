@@ -161,3 +161,33 @@ def test_slurm_launcher_config_extends_submitit() -> None:
         cfg = hydra_compose(config_name="config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "output_dir=/x"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert cfg.hydra.launcher.partition == "gpu" and cfg.hydra.launcher.timeout_min == 240
+
+
+BAD_RUNS = [
+    # (overrides, message naming the key)
+    (["total_steps=abc"], "total_steps"),
+    (["+no_such_knob=1"], "no_such_knob"),
+    (["env=no_such_env"], "env"),
+    (["group_size=0"], "group_size must be >= 1, got 0"),
+    (["server=vllm", "server.model=m", "server.base_urls=[http://127.0.0.1:9/v1]", "distill_topk=30"], "server.max_logprobs must be >= distill_topk (30)"),
+    (["dataset=math_local", "dataset.path=/nonexistent/problems.jsonl"], "dataset.path: no such file"),
+    (["dataset=acereason_math", "dataset.path=nobody/no-such-dataset"], "dataset.path: could not load hub dataset 'nobody/no-such-dataset'"),
+    (["tracking.uri=bogus-scheme://nowhere"], "tracking.uri: cannot open the MLflow store 'bogus-scheme://nowhere'"),
+    (["resume=true"], "resume: no "),
+    (["mode=serve", "serve.rollout_server_url=ftp://x"], "serve.rollout_server_url must be an http(s) URL"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_RUNS, ids=[" ".join(o)[:60] for o, _ in BAD_RUNS])
+def test_bad_runs_fail_with_one_clear_message_before_any_server_starts(tmp_path, overrides: list[str], message: str) -> None:
+    import time
+
+    from experiments.launch import launch
+
+    started = time.monotonic()
+    with pytest.raises((ConfigError, ConfigCompositionException)) as info:
+        launch(compose([f"output_dir={tmp_path / 'run'}", f"tracking.artifact_root={tmp_path / 'mlruns'}", *overrides]))
+    text = f"{info.value} {info.value.__cause__ or ''}"
+    assert message in text
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "run" / "vllm").exists()  # no server was started

@@ -8,14 +8,16 @@ runs from its terminal (opd_coding).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
-from opd.tools.sandbox import SandboxLimits, _pids_cgroup_root, run_python, sandbox_plan
+from opd.tools.sandbox import SandboxLimits, _pids_cgroup_root, remove_stale_cgroups, run_python, sandbox_plan
 from opd.tools.workspace import Workspace
 
 LIMITS = SandboxLimits(timeout_s=3, cpu_s=3, memory_mb=512, file_size_mb=8, max_processes=16, output_chars=500)
@@ -63,7 +65,11 @@ def _leftovers() -> list[str]:
                 found.append(f"{entry.name}: {cmdline}")
     root = _pids_cgroup_root()
     if root is not None:
-        found += [str(p) for p in root.glob("opd-sandbox-*")]
+        remove_stale_cgroups()
+        for group in root.glob("opd-sandbox-*"):
+            with contextlib.suppress(OSError):
+                if (group / "cgroup.procs").read_text().split():
+                    found.append(f"{group}: {(group / 'cgroup.procs').read_text().split()}")
     return found
 
 
@@ -111,3 +117,77 @@ def test_agent_terminal_contains_and_reports(name: str) -> None:
         assert asyncio.run(workspace.call("terminal", {"command": "echo fine"})) == "fine\n[exit code 0]"
     finally:
         workspace.close()
+
+
+# ---------------------------------------------------------------- untrusted text
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from opd.agent.tool_calls import ToolCallError, last_open_call, parse_tool_call  # noqa: E402
+from opd.distill.judge_prompt import parse_vote  # noqa: E402
+from opd.rewards.boxed import boxed_contents, final_answer  # noqa: E402
+from opd.tools.calculator import CalculatorError, evaluate  # noqa: E402
+
+PARSERS = {
+    "tool_call": (parse_tool_call, ToolCallError),
+    "last_open_call": (last_open_call, ()),
+    "judge_vote": (parse_vote, ()),
+    "boxed": (boxed_contents, ()),
+    "final_answer": (final_answer, ()),
+    "calculator": (evaluate, CalculatorError),
+}
+PATHOLOGICAL = {
+    "deep_json": '{"name": "calculator", "arguments": ' + "[" * 200_000 + "]" * 200_000 + "}",
+    "open_braces": "{" * 100_000,
+    "nested_boxes": "\\boxed{" * 50_000,
+    "deep_parens": "(" * 100_000 + "1" + ")" * 100_000,
+    "power_tower": "9**9**9**9**9",
+    "unary_chain": "-" * 100_000 + "1",
+    "huge_box": "</think>\\boxed{" + "a" * 1_000_000 + "}",
+    "many_tool_tags": "<tool_call>" * 100_000,
+    "many_verdicts": "\\boxed{1}" * 100_000,
+}
+
+
+@pytest.mark.parametrize("text_name", sorted(PATHOLOGICAL))
+@pytest.mark.parametrize("parser_name", sorted(PARSERS))
+def test_parsers_survive_pathological_text_quickly(parser_name: str, text_name: str) -> None:
+    parse, allowed = PARSERS[parser_name]
+    started = time.monotonic()
+    try:
+        parse(PATHOLOGICAL[text_name])
+    except allowed:  # the documented, clean refusal
+        pass
+    assert time.monotonic() - started < 0.5
+
+
+ADVERSARIAL = st.lists(st.sampled_from(["{", "}", "[", "]", '"', "\\", "\\boxed", "<tool_call>", "</tool_call>", "</think>", "**", "(", ")", "9", ":", ",", "name", "arguments", "\n", "\\boxed{1}", "\\boxed{-1}"]), max_size=3000).map("".join)
+
+
+@settings(max_examples=150, deadline=1000)
+@given(ADVERSARIAL)
+def test_parsers_never_raise_on_adversarial_token_soup(text: str) -> None:
+    for parse, allowed in PARSERS.values():
+        try:
+            parse(text)
+        except allowed:
+            pass
+
+
+def test_a_cancelled_call_leaves_nothing_running() -> None:
+    # A run that ends (server lost, Ctrl-C) cancels its rollouts in the middle of tool calls.
+    code = "import subprocess, time\nsubprocess.Popen(['sleep', '987'], start_new_session=True)\ntime.sleep(600)\n"
+
+    async def cancel_midway() -> None:
+        task = asyncio.create_task(run_python(code, LIMITS))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_midway())
+    deadline = time.monotonic() + 5
+    while _leftovers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _leftovers() == []

@@ -63,3 +63,24 @@ def test_validate_cli_reports_bad_files(tmp_path) -> None:
     bad["masks"][0].pop()
     path.write_text(json.dumps(good_group()) + "\n" + json.dumps(bad) + "\n" + '{"tokens": [[1,')
     assert main([str(path)]) == 1
+
+
+def test_gzip_records_read_back_and_validate_even_without_their_trailer(tmp_path) -> None:
+    import shutil
+
+    from opd.validate import validate_file
+
+    plain, packed = tmp_path / "g.jsonl", tmp_path / "g.jsonl.gz"
+    groups = [good_group() for _ in range(3)]
+    with GroupWriter(plain) as a, GroupWriter(packed) as b:
+        for group in groups:
+            a.write(group)
+            b.write(group)
+        # What a SIGKILL leaves: the file as flushed so far, no gzip trailer.
+        shutil.copy(packed, tmp_path / "killed.jsonl.gz")
+    assert list(read_groups(packed)) == list(read_groups(plain)) == groups
+    assert list(read_groups(tmp_path / "killed.jsonl.gz")) == groups
+    assert validate_file(packed) == (3, []) and validate_file(tmp_path / "killed.jsonl.gz") == (3, [])
+    with GroupWriter(packed) as again:  # appending adds a gzip member
+        again.write(groups[0])
+    assert len(list(read_groups(packed))) == 4

@@ -9,40 +9,41 @@ def boxed_contents(text: str, max_chars: int = 10_000) -> list[str]:
     """All `\\boxed{...}` contents in `text`, in order; unbalanced ones are skipped.
 
     Braces nest (`\\boxed{\\tfrac{1}{3}}` gives `\\tfrac{1}{3}`) and `\\{`/`\\}` escapes do not
-    count. Linear in `len(text)`; only the first `max_chars` characters are read.
+    count; a box inside another box is part of the outer one. One pass over the first
+    `max_chars` characters with a stack of open braces, so linear even for hostile input.
     """
     text = text[:max_chars]
-    found: list[str] = []
-    start = text.find(_MARKER)
-    while start != -1:
-        i = start + len(_MARKER)
-        while i < len(text) and text[i] == " ":
-            i += 1
-        end = _matching_brace(text, i) if i < len(text) and text[i] == "{" else -1
-        if end != -1:
-            found.append(text[i + 1 : end].strip())
-            start = text.find(_MARKER, end + 1)
-        else:
-            start = text.find(_MARKER, start + len(_MARKER))
-    return found
-
-
-def _matching_brace(text: str, open_at: int) -> int:
-    depth = 0
-    i = open_at
-    while i < len(text):
+    stack: list[tuple[int, bool]] = []  # (index of "{", opened by \boxed)
+    spans: list[tuple[int, int]] = []
+    i, n = 0, len(text)
+    while i < n:
+        if text.startswith(_MARKER, i):
+            j = i + len(_MARKER)
+            while j < n and text[j] == " ":
+                j += 1
+            if j < n and text[j] == "{":
+                stack.append((j, True))
+                j += 1
+            i = j
+            continue
         char = text[i]
         if char == "\\":
             i += 2
             continue
         if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return i
+            stack.append((i, False))
+        elif char == "}" and stack:
+            opened, boxed = stack.pop()
+            if boxed:
+                spans.append((opened, i))
         i += 1
-    return -1
+    found: list[str] = []
+    last_end = -1
+    for opened, closed in sorted(spans):
+        if opened > last_end:  # not inside a box already taken
+            found.append(text[opened + 1 : closed].strip())
+            last_end = closed
+    return found
 
 
 def final_answer(text: str, after: str | None = "</think>") -> str | None:

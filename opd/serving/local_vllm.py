@@ -173,6 +173,12 @@ class LocalVLLM:
         shutil.rmtree(self.scratch, ignore_errors=True)
         logger.info("vLLM stopped")
 
+    def restart(self) -> str:
+        """Stop whatever is left of the server and start it again on the same port."""
+        self.stop()
+        os.makedirs(self.scratch, mode=0o700, exist_ok=True)
+        return self.start()
+
     def __enter__(self) -> "LocalVLLM":
         self.start()
         return self

@@ -198,10 +198,29 @@ def _pids_cgroup_root() -> Path | None:
     return None
 
 
+_stale_cgroups: set[Path] = set()
+
+
+def remove_stale_cgroups() -> None:
+    """Remove cgroups whose last process had not been reaped yet when their run ended."""
+    for path in list(_stale_cgroups):
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue
+        _stale_cgroups.discard(path)
+
+
+atexit.register(remove_stale_cgroups)
+
+
 class _PidsCgroup:
     """A cgroup that caps the number of processes of one sandboxed run and kills them all at the end."""
 
     def __init__(self, max_processes: int) -> None:
+        remove_stale_cgroups()
         root = _pids_cgroup_root()
         self.path: Path | None = None
         if root is not None:
@@ -236,14 +255,16 @@ class _PidsCgroup:
                 except ProcessLookupError:
                     pass
             time.sleep(0.02)
-        for _ in range(50):
+        for _ in range(10):
             try:
                 self.path.rmdir()
                 self.path = None
                 return
             except OSError:
                 time.sleep(0.02)
-        logger.warning("could not remove cgroup %s", self.path)
+        # A killed process not reaped yet (e.g. the call was cancelled) keeps the cgroup busy.
+        _stale_cgroups.add(self.path)
+        self.path = None
 
 
 def _preexec(limits: SandboxLimits, cgroup: _PidsCgroup, ids: tuple[int, int] | None) -> None:

@@ -1,0 +1,89 @@
+"""What the runner does when groups fail because the inference server went away.
+
+After a failed group the runner asks `ServerWatch.check()` (one check at a time; no new groups
+start meanwhile). If every server answers /health, the failure was the group's own and the run
+goes on. Otherwise:
+- the embedded server (server=local) is restarted on the same port, at most
+  `server.max_restarts` times in a run, then the run ends with `ServerLost`;
+- running servers (server=vllm) are polled with exponential backoff until they answer again or
+  `server.unreachable_timeout_s` has passed, then the run ends with `ServerLost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class ServerLost(RuntimeError):
+    """The inference server is gone and could not be brought back."""
+
+
+def healthy(base_url: str, timeout: float = 3.0) -> bool:
+    """GET <server>/health answers 200."""
+    try:
+        with urllib.request.urlopen(base_url.removesuffix("/v1").rstrip("/") + "/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class ServerWatch:
+    def __init__(self, urls: list[str], local: Any = None, max_restarts: int = 2, unreachable_timeout_s: float = 300.0) -> None:
+        self.urls = list(urls)
+        self.local = local
+        self.max_restarts = max_restarts
+        self.unreachable_timeout_s = unreachable_timeout_s
+        self.restarts = 0
+        self.outages = 0
+        self._lock = asyncio.Lock()
+
+    async def _down(self) -> list[str]:
+        states = await asyncio.gather(*(asyncio.to_thread(healthy, url) for url in self.urls))
+        return [url for url, ok in zip(self.urls, states) if not ok]
+
+    async def check(self, cause: BaseException | None = None) -> None:
+        """Return when the servers answer again; raise ServerLost when they will not."""
+        async with self._lock:
+            down = await self._down()
+            if not down:
+                return
+            self.outages += 1
+            if self.local is not None:
+                await self._restart(down, cause)
+            else:
+                await self._wait(down)
+
+    async def _restart(self, down: list[str], cause: BaseException | None) -> None:
+        if self.restarts >= self.max_restarts:
+            raise ServerLost(
+                f"the embedded vLLM server at {down[0]} died again after {self.restarts} restart(s) "
+                f"(server.max_restarts={self.max_restarts}); see {self.local.log_path}"
+            ) from cause
+        self.restarts += 1
+        logger.error("the embedded vLLM server at %s is down; restarting it (%d/%d)", down[0], self.restarts, self.max_restarts)
+        await asyncio.to_thread(self.local.restart)
+
+    async def _wait(self, down: list[str]) -> None:
+        started = time.monotonic()
+        delay = 1.0
+        while True:
+            waited = time.monotonic() - started
+            if waited >= self.unreachable_timeout_s:
+                raise ServerLost(
+                    f"inference server(s) {', '.join(down)} unreachable for {waited:.0f} s "
+                    f"(server.unreachable_timeout_s={self.unreachable_timeout_s:g}); is it running?"
+                )
+            logger.error("inference server(s) %s not answering /health; retrying in %.0f s", ", ".join(down), delay)
+            await asyncio.sleep(min(delay, max(0.1, self.unreachable_timeout_s - waited)))
+            delay = min(delay * 2, 30.0)
+            down = await self._down()
+            if not down:
+                logger.warning("inference servers answer again after %.0f s", time.monotonic() - started)
+                return
