@@ -90,6 +90,7 @@ async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any, watch
         "summary/groups_per_s": (stats.written - len(kept)) / stats.elapsed,
         "summary/reward_mean": statistics.fmean(rewards) if rewards else math.nan,
         "summary/server_outages": float(watch.outages),
+        "summary/server_request_errors": float(sum(getattr(s, "request_errors", 0) for s in env.server.servers)),
         "summary/server_restarts": float(watch.restarts),
     }
     if api is not None:

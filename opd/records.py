@@ -22,6 +22,8 @@ import logging
 import math
 import os
 import zlib
+
+import numpy as np
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -39,7 +41,84 @@ _PER_POSITION = ("masks", "inference_logprobs")
 
 
 def check_group(group: dict[str, Any]) -> list[str]:
-    """Every problem with one group, as short sentences; an empty list means valid."""
+    """Every problem with one group, as short sentences; an empty list means valid.
+
+    A vectorised pass (numpy) accepts the usual valid group in a few milliseconds even at 16k
+    tokens x K=50; anything it does not accept is re-checked position by position for the message.
+    """
+    try:
+        if _fast_valid(group):
+            return []
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return _check_slowly(group)
+
+
+def _ints(values: Any, ndim: int) -> Any:
+    array = np.asarray(values)
+    return array if array.ndim == ndim and array.dtype.kind in "iu" else None
+
+
+def _floats(values: Any, ndim: int) -> Any:
+    array = np.asarray(values)
+    return array if array.ndim == ndim and array.dtype.kind in "iuf" else None
+
+
+def _fast_valid(group: dict[str, Any]) -> bool:
+    """True only for groups `_check_slowly` also accepts (never the other way round)."""
+    tokens, masks, scores = group.get("tokens"), group.get("masks"), group.get("scores")
+    if not isinstance(tokens, list) or not tokens or not isinstance(masks, list) or not isinstance(scores, list):
+        return False
+    n = len(tokens)
+    if len(masks) != n or len(scores) != n:
+        return False
+    if not all(type(s) in (int, float) and math.isfinite(s) for s in scores):
+        return False
+    logprobs = group.get("inference_logprobs")
+    if logprobs is not None and (not isinstance(logprobs, list) or len(logprobs) != n):
+        return False
+    ids_all, lps_all = group.get("distill_token_ids"), group.get("distill_logprobs")
+    distill = ids_all is not None or lps_all is not None
+    if distill and (not isinstance(ids_all, list) or not isinstance(lps_all, list) or len(ids_all) != n or len(lps_all) != n):
+        return False
+    k = None
+    for i in range(n):
+        if not isinstance(tokens[i], list) or not isinstance(masks[i], list):
+            return False
+        t, m = _ints(tokens[i], 1), _ints(masks[i], 1)
+        if t is None or m is None or t.size == 0 or m.shape != t.shape or (t < 0).any():
+            return False
+        generated = m != MASK
+        if not generated.any() or (generated & (m != t)).any():
+            return False
+        if logprobs is not None:
+            lp = _floats(logprobs[i], 1)
+            if lp is None or lp.shape != t.shape or not np.isfinite(lp).all():
+                return False
+            if (generated & (lp > 0)).any() or (~generated & (lp != MASKED_LOGPROB)).any():
+                return False
+        if distill:
+            ids, lps = _ints(ids_all[i], 2), _floats(lps_all[i], 2)
+            if ids is None or lps is None or ids.shape != lps.shape or ids.shape[0] != t.size or ids.shape[1] == 0:
+                return False
+            k = ids.shape[1] if k is None else k
+            if ids.shape[1] != k:
+                return False
+            pad = ids == DISTILL_PAD_ID
+            pad_rows = pad.all(axis=1)
+            if (pad.any(axis=1) & ~pad_rows).any() or (lps[pad_rows] != DISTILL_PAD_LOGPROB).any():
+                return False
+            rows = ~pad_rows
+            if (rows & ~generated).any():
+                return False
+            row_ids, row_lps = ids[rows], lps[rows]
+            if (row_ids < 0).any() or not np.isfinite(row_lps).all() or (row_lps > 0).any() or (row_lps[:, :-1] < row_lps[:, 1:]).any():
+                return False
+    return True
+
+
+def _check_slowly(group: dict[str, Any]) -> list[str]:
+    """Position by position, naming the first problem of each kind."""
     problems: list[str] = []
     tokens = group.get("tokens")
     if not isinstance(tokens, list) or not tokens:
@@ -131,6 +210,14 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
 def _is_gzip(path: Path) -> bool:
     return path.suffix == ".gz"
 
@@ -160,11 +247,14 @@ class GroupWriter:
         self.path = path
         self.fsync = fsync
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = gzip.open(path, "at", encoding="utf-8", compresslevel=6) if _is_gzip(path) else open(path, "a", encoding="utf-8")
+        self._file = gzip.open(path, "at", encoding="utf-8", compresslevel=1) if _is_gzip(path) else open(path, "a", encoding="utf-8")
         self.written = 0
 
     def write(self, group: dict[str, Any]) -> None:
-        line = json.dumps(to_jsonable(group), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        try:  # the C encoder straight away; numpy values go through `default`
+            line = json.dumps(group, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_json_default)
+        except TypeError:  # e.g. numpy dict keys: convert the whole tree first (slow path)
+            line = json.dumps(to_jsonable(group), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
         self._file.write(line + "\n")
         self._file.flush()  # on a gzip file: a sync flush, so the line is decodable on disk
         if self.fsync:

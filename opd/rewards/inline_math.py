@@ -6,6 +6,7 @@ Names match the config keys under `reward.weights`: `correctness` gives `correct
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -40,10 +41,15 @@ def answers_match(predicted: str | None, reference: str, max_chars: int = 200, t
         return False
     if predicted.strip().replace(",", "") == reference.strip().replace(",", ""):
         return True
+    return _verified(predicted, reference, max(1, int(round(timeout_s))))
+
+
+@functools.lru_cache(maxsize=8192)
+def _verified(predicted: str, reference: str, timeout: int) -> bool:
+    """math-verify, cached: a group's rollouts often give the same answer, and it costs ~2 ms."""
     try:
         from math_verify import parse, verify
 
-        timeout = max(1, int(round(timeout_s)))
         gold = parse(f"${reference}$", parsing_timeout=timeout)
         guess = parse(f"${predicted}$", parsing_timeout=timeout)
         return bool(gold and guess and verify(gold, guess, timeout_seconds=timeout))

@@ -62,6 +62,8 @@ class OpenAIVLLMServer(APIServer):
         self.root_url = base[: -len("/v1")] if base.endswith("/v1") else base
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
+        # Requests that failed (HTTP error, timeout, connection); atroposlib retries each call.
+        self.request_errors = 0
 
     def _client(self) -> aiohttp.ClientSession:
         # A session belongs to one event loop; a new loop (another asyncio.run) gets a new one.
@@ -86,12 +88,15 @@ class OpenAIVLLMServer(APIServer):
         try:
             async with self._client().post(url, json=payload) as response:
                 if response.status != 200:
+                    self.request_errors += 1
                     body = (await response.text())[:500]
                     raise ServerRequestError(f"POST {url} answered HTTP {response.status}: {body}", response.status)
                 return await response.json()
         except asyncio.TimeoutError:
+            self.request_errors += 1
             raise ServerRequestError(f"POST {url} timed out after {self.config.timeout} s") from None
         except aiohttp.ClientError as err:
+            self.request_errors += 1
             raise ServerRequestError(f"POST {url} failed: {type(err).__name__}: {err}") from None
 
     async def check_server_status_task(self, chat_completion: bool = True) -> None:

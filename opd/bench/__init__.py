@@ -1,0 +1,1 @@
+"""Benchmarks (`python -m experiments.bench <name>`): a scripted loopback server and the measurements."""

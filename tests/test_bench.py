@@ -1,0 +1,85 @@
+"""The benchmark command: each bench runs end to end (small sizes) and reports what it claims."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from experiments.bench import bench_opd, bench_overhead, bench_records
+
+
+def test_records_bench_writes_and_reads_back_both_encodings() -> None:
+    results = list(bench_records(1, k=8, sizes=(256, 512)))
+    assert [(r["tokens_per_sequence"], r["encoding"]) for r in results] == [(256, "jsonl"), (256, "gzip"), (512, "jsonl"), (512, "gzip")]
+    plain = {r["tokens_per_sequence"]: r["bytes"] for r in results if r["encoding"] == "jsonl"}
+    packed = {r["tokens_per_sequence"]: r["bytes"] for r in results if r["encoding"] == "gzip"}
+    assert 1.8 < plain[512] / plain[256] < 2.2  # linear in tokens
+    assert all(packed[n] < plain[n] for n in plain)
+    assert all(r["peak_mib"] > 0 and r["write_s"] > 0 for r in results)
+
+
+@pytest.mark.slow
+def test_overhead_bench_drives_the_real_stack_against_the_loopback_server() -> None:
+    (result,) = bench_overhead(1, latency_s=0.05, limits=(4,))
+    assert result["in_flight"] == 4 and result["rollouts"] == 40
+    assert 0.2 < result["fraction_of_ideal"] <= 1.05
+    assert result["env_cpu_ms_per_rollout"] > 0
+
+
+@pytest.mark.slow
+def test_opd_bench_compares_concurrent_with_sequential() -> None:
+    (result,) = bench_opd(1, latency_s=0.05)
+    assert result["turn_pairs"] == 24  # 4 sequences x 6 turn pairs
+    assert result["speedup"] > 1.5 and result["sequential_s"] >= result["requests_sequential_floor_s"]
+
+
+def test_cli_prints_json_lines_and_keeps_them(tmp_path) -> None:
+    proc = subprocess.run([sys.executable, "-c", "import experiments.bench as b; b.BENCHES['records'] = lambda r: b.bench_records(r, k=4, sizes=(64,)); raise SystemExit(b.main(['records', '--repeats', '1', '--out', %r]))" % str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(lines) == 2 and all(line["bench"] == "records" and line["git_commit"] for line in lines)
+    assert (tmp_path / "records.jsonl").read_text().count("\n") == 2
+
+
+def _launch_against(url: str, tmp_path, extra: list[str]) -> float:
+    from conftest import compose
+    from experiments.launch import launch
+
+    return launch(compose([
+        "env=inline_math", "server=vllm", f"server.model={ROOT / 'opd/fixture/model'}", f"server.base_urls=[{url}]", "runner.progress=false",
+        f"output_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"tracking.artifact_root={tmp_path / 'mlruns'}", *extra,
+    ]))
+
+
+@pytest.mark.slow
+def test_http_5xx_is_retried_with_backoff_and_counted(tmp_path) -> None:
+    import mlflow
+
+    from experiments.bench import loopback
+
+    with loopback(0.01, fail_every=3) as url:
+        _launch_against(url, tmp_path, ["total_steps=4", "group_size=2"])
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("inline_math").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.metrics["summary/groups_written"] == 4
+    assert run.data.metrics["summary/server_request_errors"] >= 2  # 1 in 3 answered 503, each retried
+
+
+@pytest.mark.slow
+def test_slow_responses_time_out_per_request_and_the_run_ends_instead_of_hanging(tmp_path) -> None:
+    import time
+
+    from experiments.bench import loopback
+    from opd.runner import TooManyFailures
+
+    started = time.monotonic()
+    with loopback(5.0) as url, pytest.raises(TooManyFailures, match="groups failed") as info:
+        _launch_against(url, tmp_path, ["total_steps=2", "group_size=1", "server.request_timeout_s=1", "runner.max_failed_groups=1",
+                                        "runner.groups_in_flight=1", "runner.max_attempts_per_item=1"])
+    assert "timed out after 1 s" in str(info.value.__cause__)
+    assert time.monotonic() - started < 120
