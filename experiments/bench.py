@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gzip
 import json
 import logging
 import os
@@ -175,7 +174,7 @@ def _synthetic_group(tokens: int, k: int, sequences: int = 4) -> dict[str, Any]:
     prompt = tokens // 4
     group: dict[str, Any] = {"tokens": [], "masks": [], "scores": [], "inference_logprobs": [], "distill_token_ids": [], "distill_logprobs": [],
                              "overrides": [], "group_overrides": {"item_id": "bench"}, "messages": None, "advantages": None, "ref_logprobs": None, "generation_params": {}}
-    for s in range(sequences):
+    for _ in range(sequences):
         ids = [rng.randrange(150_000) for _ in range(tokens)]
         group["tokens"].append(ids)
         group["masks"].append([MASK] * prompt + ids[prompt:])

@@ -203,7 +203,7 @@ def launch(cfg: DictConfig) -> float:
             tracker.mlflow.log_text(yaml_text, "config_resumed.yaml")
         elif tracker is not None:
             tracker.log_config(resolved, yaml_text)
-            tracker.log_params({key: value for key, value in swept.items()})
+            tracker.log_params(swept)
             tracker.set_tags({
                 "env": typed.env.name, "mode": typed.mode, "model": typed.server.model,
                 "server": typed.server.kind, "dataset": typed.dataset.name, "output_dir": str(out.resolve()),
@@ -217,6 +217,7 @@ def launch(cfg: DictConfig) -> float:
         if tracker is not None and typed.tracking.traces:
             _enable_tracing(typed, tracker.experiment_id)
         history: dict[str, list[float]] = {}
+        env = None
         shared = shared_server_for(sweep, typed.server) if typed.server.kind == "local" else None
         with inference_servers(typed, model, out / "vllm", shared=shared) as (urls, watch):
             env = build_env(typed, data, model, urls)
@@ -239,19 +240,22 @@ def launch(cfg: DictConfig) -> float:
         if tracker is not None:
             # Also for failed and killed runs: the groups written so far are the run's data.
             if typed.mode != "evaluate" and typed.tracking.log_data_artifacts and groups_path.exists():
-                _log_data(tracker, groups_path, model, out)
+                _log_data(tracker, groups_path, getattr(env, "tokenizer", None) or model, out)
             tracker.end(status)
 
 
-def _log_data(tracker: Any, groups_path: Path, model: str, out: Path) -> None:
-    """groups.jsonl and its HTML viewer as artifacts under data/ (best effort: never masks the run's own error)."""
+def _log_data(tracker: Any, groups_path: Path, tokenizer: Any, out: Path) -> None:
+    """groups.jsonl and its HTML viewer as artifacts under data/ (best effort: never masks the run's
+    own error). `tokenizer` is the env's, or the model's name when the run failed before it had one."""
     from transformers import AutoTokenizer
 
     from opd.viewer import write_viewer
 
     try:
         tracker.log_artifact(groups_path, "data")
-        tracker.log_artifact(write_viewer(groups_path, AutoTokenizer.from_pretrained(model), out / "groups.html"), "data")
+        if isinstance(tokenizer, str):
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        tracker.log_artifact(write_viewer(groups_path, tokenizer, out / "groups.html"), "data")
     except Exception as err:  # noqa: BLE001 - logged; the data itself is safe on disk
         logger.warning("could not log the data artifacts: %s", err)
 

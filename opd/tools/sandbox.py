@@ -111,15 +111,17 @@ def _unshare() -> str | None:
     return unshare if ok else None
 
 
+def _drop_privileges(ids: tuple[int, int]) -> None:
+    """In a child before exec: become the sandbox user, with no supplementary groups."""
+    os.setgroups([])
+    os.setgid(ids[1])
+    os.setuid(ids[0])
+
+
 def _runs_as(ids: tuple[int, int], python: str) -> bool:
     """Can the sandbox user start this interpreter (every directory above it must let it in)?"""
-    def drop() -> None:
-        os.setgroups([])
-        os.setgid(ids[1])
-        os.setuid(ids[0])
-
     try:
-        return subprocess.run([python, "-I", "-c", "pass"], preexec_fn=drop, capture_output=True, timeout=30, cwd="/").returncode == 0
+        return subprocess.run([python, "-I", "-c", "pass"], preexec_fn=lambda: _drop_privileges(ids), capture_output=True, timeout=30, cwd="/").returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -283,9 +285,7 @@ def _preexec(limits: SandboxLimits, cgroup: _PidsCgroup, ids: tuple[int, int] | 
     if limits.isolate_network:
         ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWNET)
     if ids is not None and _unshare() is None:
-        os.setgroups([])
-        os.setgid(ids[1])
-        os.setuid(ids[0])
+        _drop_privileges(ids)
 
 
 def _read_truncated(path: str, limit: int) -> str:
