@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -35,6 +36,10 @@ CONF = ROOT / "conf"
 
 # ---------------------------------------------------------------- helpers
 
+# Hydra overrides added to every bench's config (`--set KEY=VALUE`, repeatable).
+EXTRA_OVERRIDES: list[str] = []
+
+
 def _compose(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 
@@ -42,7 +47,7 @@ def _compose(overrides: list[str]):
 
     register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return validate(compose(config_name="config", overrides=["output_dir=/tmp/opd-bench-unused", "tracking.enabled=false", "runner.progress=false", *overrides]))
+        return validate(compose(config_name="config", overrides=["output_dir=/tmp/opd-bench-unused", "tracking.enabled=false", "runner.progress=false", *overrides, *EXTRA_OVERRIDES]))
 
 
 def _get(url: str) -> Any:
@@ -83,7 +88,7 @@ def _median(values: list[float]) -> float:
 # ---------------------------------------------------------------- 1. framework overhead
 
 async def _generate_rollouts(cfg: Any, url: str, rollouts_per_limit: int, path: Path) -> dict[str, float]:
-    from opd.build import build_env, load_data, resolve_model
+    from opd.build import build_env, groups_in_flight, load_data, resolve_model
     from opd.records import GroupWriter
     from opd.runner import run_generation
 
@@ -92,37 +97,77 @@ async def _generate_rollouts(cfg: Any, url: str, rollouts_per_limit: int, path: 
     await env.setup()
     cpu0 = time.process_time()
     with GroupWriter(path) as writer:
-        stats = await run_generation(env, writer, rollouts_per_limit // cfg.group_size, groups_in_flight=cfg.runner.groups_in_flight,
+        stats = await run_generation(env, writer, rollouts_per_limit // cfg.group_size, groups_in_flight=groups_in_flight(cfg, 1),
                                      max_attempts_per_item=1, max_failed_groups=0, progress=False)
     cpu = time.process_time() - cpu0
     await env.close()
-    return {"wall_s": stats.elapsed, "cpu_s": cpu, "rollouts": stats.written * cfg.group_size}
+    return {"wall_s": stats.elapsed, "cpu_s": cpu, "rollouts": stats.written * cfg.group_size,
+            "written_at": stats.written_at, "groups_in_flight": groups_in_flight(cfg, 1)}
 
 
-def bench_overhead(repeats: int, latency_s: float = 0.1, limits: tuple[int, ...] = (1, 8, 32, 128)) -> Iterator[dict[str, Any]]:
+async def _bare_client(url: str, limit: int, requests: int, prompt: list[int]) -> dict[str, float]:
+    """The ceiling of this machine: nothing but `limit` concurrent POSTs of the same request body
+    (one aiohttp session, no env, no runner), against the same scripted server."""
+    import aiohttp
+
+    body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 64, "logprobs": 0, "return_token_ids": True}).encode()
+    slots = asyncio.Semaphore(limit)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one() -> None:
+            async with slots, session.post(f"{url}/completions", data=body, headers={"Content-Type": "application/json"}) as resp:
+                await resp.read()
+
+        started, cpu0 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(one() for _ in range(requests)))
+        return {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu0}
+
+
+def bench_overhead(repeats: int, latencies: tuple[float, ...] = (0.1, 1.0), limits: tuple[int, ...] = (1, 8, 32, 128)) -> Iterator[dict[str, Any]]:
     """Rollouts/s through the whole stack (runner, env, client, HTTP) against a fixed-latency
-    server vs the ideal limit/latency; one request per rollout (the answer needs no tool)."""
-    with loopback(latency_s) as url, tempfile.TemporaryDirectory() as tmp:
-        for limit in limits:
-            group_size = min(limit, 8)
-            cfg = _compose([
-                "env=inline_math", "server=vllm", f"server.model={ROOT / 'opd/fixture/model'}", f"server.base_urls=[{url}]",
-                f"group_size={group_size}", f"runner.groups_in_flight={limit // group_size}", f"server.max_requests_in_flight={limit}",
-                "env.dynamic_shots=0",
-            ])
-            rollouts = max(limit * 10, 40)
-            runs = []
-            for r in range(repeats):
-                _get(url.removesuffix("/v1") + "/stats")
-                runs.append(asyncio.run(_generate_rollouts(cfg, url, rollouts, Path(tmp) / f"o{limit}-{r}.jsonl")))
-            ideal = limit / latency_s
-            ratios = [run["rollouts"] / run["wall_s"] / ideal for run in runs]
-            yield {
-                "bench": "overhead", "in_flight": limit, "latency_s": latency_s, "rollouts": runs[0]["rollouts"],
-                "ideal_rollouts_per_s": ideal, "rollouts_per_s": _median([run["rollouts"] / run["wall_s"] for run in runs]),
-                "fraction_of_ideal": _median(ratios), "fraction_of_ideal_runs": [round(x, 3) for x in ratios],
-                "env_cpu_ms_per_rollout": _median([1000 * run["cpu_s"] / run["rollouts"] for run in runs]),
-            }
+    server, one request per rollout (the answer needs no tool). The in-flight limit is the
+    server's request limit (`server.max_requests_in_flight`); the runner sizes the groups in
+    flight itself (`runner.groups_in_flight=null`). Reported against the ideal (limit / latency)
+    and against a bare HTTP client's rate measured in the same run (what the machine allows)."""
+    from opd.loop import run_loop
+
+    for latency_s in latencies:
+        with loopback(latency_s) as url, tempfile.TemporaryDirectory() as tmp:
+            for limit in limits:
+                group_size = min(limit, 8)
+                cfg = _compose([
+                    "env=inline_math", "server=vllm", f"server.model={ROOT / 'opd/fixture/model'}", f"server.base_urls=[{url}]",
+                    f"group_size={group_size}", "runner.groups_in_flight=null", f"server.max_requests_in_flight={limit}",
+                    "env.dynamic_shots=0",
+                ])
+                prompt = _prompt_of(cfg)
+                rollouts = max(limit * 10, 40)
+                runs, bare = [], []
+                for r in range(repeats):
+                    _get(url.removesuffix("/v1") + "/stats")
+                    runs.append(run_loop(_generate_rollouts(cfg, url, rollouts, Path(tmp) / f"o{limit}-{r}.jsonl"), cfg.runner.uvloop))
+                    bare.append(run_loop(_bare_client(url, limit, rollouts, prompt), cfg.runner.uvloop))
+                ideal = limit / latency_s
+                ratios = [run["rollouts"] / run["wall_s"] / ideal for run in runs]
+                ceiling = [rollouts / b["wall_s"] / ideal for b in bare]
+                yield {
+                    "bench": "overhead", "in_flight": limit, "latency_s": latency_s, "rollouts": runs[0]["rollouts"],
+                    "ideal_rollouts_per_s": ideal, "rollouts_per_s": _median([run["rollouts"] / run["wall_s"] for run in runs]),
+                    "fraction_of_ideal": _median(ratios), "fraction_of_ideal_runs": [round(x, 3) for x in ratios],
+                    "bare_client_fraction_of_ideal": _median(ceiling), "fraction_of_bare_client": _median(ratios) / _median(ceiling),
+                    "env_cpu_ms_per_rollout": _median([1000 * run["cpu_s"] / run["rollouts"] for run in runs]),
+                    "bare_client_cpu_ms_per_request": _median([1000 * b["cpu_s"] / rollouts for b in bare]),
+                    "event_loop": "uvloop" if cfg.runner.uvloop else "asyncio",
+                }
+
+
+def _prompt_of(cfg: Any) -> list[int]:
+    """The token ids the env sends for its first problem (the bare client sends the same)."""
+    from opd.build import build_env, load_data, resolve_model
+
+    data = load_data(cfg)
+    env = build_env(cfg, data, resolve_model("fixture"), ["http://127.0.0.1:9/v1"])
+    return env.prompt_ids(data.train[0]["problem"], use_pool=False)
 
 
 # ---------------------------------------------------------------- 2. OPD stage
@@ -131,6 +176,7 @@ def bench_opd(repeats: int, latency_s: float = 0.05) -> Iterator[dict[str, Any]]
     """OPD stage wall time for a group of 4 x 6 turn pairs, 3 judge votes: the project's
     concurrency vs strictly sequential (env.opd.max_concurrency=1), same server limits."""
     from opd.build import build_env, load_data, resolve_model
+    from opd.loop import run_loop
 
     with loopback(latency_s) as url:
         results: dict[int, list[float]] = {}
@@ -149,7 +195,7 @@ def bench_opd(repeats: int, latency_s: float = 0.05) -> Iterator[dict[str, Any]]
                 finally:
                     await env.close()
 
-            done = asyncio.run(groups())
+            done = run_loop(groups(), cfg.runner.uvloop)
             results[concurrency] = [group["group_overrides"]["opd_wall_s"] for group in done]
             pairs = sum(len(o["opd_turns"]) for o in done[-1]["overrides"])
         seq, conc = _median(results[1]), _median(results[32])
@@ -263,47 +309,90 @@ def bench_startup(repeats: int, embedded: bool = False) -> Iterator[dict[str, An
 
 # ---------------------------------------------------------------- 3. end to end on vLLM
 
-def bench_e2e(repeats: int, total_steps: int = 8) -> Iterator[dict[str, Any]]:
-    """Groups per minute per env on the embedded vLLM with the fixture model, and the server's
-    running-request count (vLLM /metrics, sampled every 0.1 s) against the in-flight limit."""
-    import threading
+def _busy_cpu_seconds() -> float:
+    """CPU seconds all cores spent busy since boot (/proc/stat; NaN where there is none)."""
+    try:
+        fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return math.nan
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / (os.sysconf("SC_CLK_TCK") or 100)
 
+
+E2E_RUNS = (("inline_math", 24, ()), ("opd_coding", 10, ("env.max_turns=4", "judge_votes=3")))
+
+
+@contextlib.contextmanager
+def _embedded_vllm(tmp: str) -> Iterator[str]:
+    """The embedded vLLM server with the fixture model; yields its /v1 URL."""
     from opd.fixture.build import ensure_fixture
     from opd.serving.local_vllm import LocalVLLM, LocalVLLMSettings
 
+    settings = LocalVLLMSettings(model=str(ensure_fixture()), served_model_name=str(ensure_fixture()), workdir=Path(tmp), max_logprobs=20, startup_timeout_s=600)
+    with LocalVLLM(settings) as server:
+        yield server.base_url
+
+
+def bench_e2e(repeats: int, limit: int = 16, base_url: str | None = None, runs: tuple = E2E_RUNS) -> Iterator[dict[str, Any]]:
+    """Groups per minute per env on the embedded vLLM with the fixture model, and the server's
+    running-request count (vLLM /metrics, sampled every 0.1 s) against the in-flight limit
+    (`server.max_requests_in_flight`; the runner sizes the groups in flight itself) while there is
+    work: from the first running request until fewer rollouts than the limit are left; and the
+    machine's CPU use over that window (on a small CPU machine the sandboxed tools and the CPU
+    server compete for the same cores). vLLM counts each of a request's `n` samples (the judge's
+    votes) as a running request."""
+    import threading
+
+    from opd.fixture.build import ensure_fixture
+    from opd.loop import run_loop
+
     with tempfile.TemporaryDirectory() as tmp:
-        settings = LocalVLLMSettings(model=str(ensure_fixture()), served_model_name=str(ensure_fixture()), workdir=Path(tmp), max_logprobs=20, startup_timeout_s=600)
-        with LocalVLLM(settings) as server:
-            metrics_url = server.base_url.removesuffix("/v1") + "/metrics"
-            for env_name, extra in (("inline_math", []), ("opd_coding", ["env.max_turns=4", "judge_votes=3"])):
-                group_size, groups_in_flight = 4, 4
+        with _embedded_vllm(tmp) if base_url is None else contextlib.nullcontext(base_url) as url:
+            metrics_url = url.removesuffix("/v1") + "/metrics"
+            for env_name, groups, extra in runs:
                 cfg = _compose([
-                    f"env={env_name}", "server=vllm", f"server.model={ensure_fixture()}", f"server.base_urls=[{server.base_url}]",
-                    f"group_size={group_size}", f"runner.groups_in_flight={groups_in_flight}", *extra,
+                    f"env={env_name}", "server=vllm", f"server.model={ensure_fixture()}", f"server.base_urls=[{url}]",
+                    "group_size=4", "runner.groups_in_flight=null", f"server.max_requests_in_flight={limit}", *extra,
                 ])
-                limit = group_size * groups_in_flight
                 for r in range(repeats):
-                    samples: list[float] = []
+                    samples: list[tuple[float, float, float, float]] = []
                     stop = threading.Event()
 
                     def sample() -> None:
                         while not stop.is_set():
-                            text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
-                            samples.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running")))
+                            try:
+                                text = urllib.request.urlopen(metrics_url, timeout=30).read().decode()
+                            except OSError as err:  # a busy CPU server can be slow to answer: skip the sample
+                                logger.warning("no /metrics sample: %s", err)
+                                continue
+                            running = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running"))
+                            waiting = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_waiting"))
+                            samples.append((time.monotonic(), running, waiting, _busy_cpu_seconds()))
                             time.sleep(0.1)
 
                     sampler = threading.Thread(target=sample, daemon=True)
                     sampler.start()
-                    run = asyncio.run(_generate_rollouts(cfg, server.base_url, total_steps * group_size, Path(tmp) / f"{env_name}-{r}.jsonl"))
+                    run = run_loop(_generate_rollouts(cfg, url, groups * cfg.group_size, Path(tmp) / f"{env_name}-{r}.jsonl"), cfg.runner.uvloop)
                     stop.set()
                     sampler.join()
-                    busy = [s for s in samples if s > 0]
+                    # While there is work: from the first running request until fewer rollouts
+                    # than the limit are left to finish.
+                    first = next((t for t, running, _, _ in samples if running > 0), math.inf)
+                    left_short = groups - math.ceil(limit / cfg.group_size)
+                    last = run["written_at"][left_short - 1] if left_short >= 1 else first
+                    window = [sample for sample in samples if first <= sample[0] <= last]
+                    work = [running for _, running, _, _ in window]
+                    # The whole machine's CPU use over the window (all cores busy = 1.0).
+                    cpu_busy = ((window[-1][3] - window[0][3]) / (window[-1][0] - window[0][0]) / (os.cpu_count() or 1)) if len(window) > 1 else math.nan
                     yield {
-                        "bench": "e2e", "env": env_name, "in_flight_limit": limit, "groups": total_steps,
-                        "groups_per_min": 60 * total_steps / run["wall_s"], "wall_s": run["wall_s"],
-                        "mean_running": statistics.fmean(samples) if samples else 0.0,
-                        "mean_running_while_busy": statistics.fmean(busy) if busy else 0.0,
-                        "running_fraction_of_limit": (statistics.fmean(samples) / limit) if samples else 0.0,
+                        "bench": "e2e", "env": env_name, "in_flight_limit": limit, "groups": groups,
+                        "groups_in_flight": run["groups_in_flight"], "groups_per_min": 60 * groups / run["wall_s"], "wall_s": run["wall_s"],
+                        "mean_running_while_work": statistics.fmean(work) if work else 0.0,
+                        "running_fraction_of_limit": statistics.fmean(work) / limit if work else 0.0,
+                        "mean_running_whole_run": statistics.fmean(r for _, r, _, _ in samples) if samples else 0.0,
+                        "mean_waiting_whole_run": statistics.fmean(w for _, _, w, _ in samples) if samples else 0.0,
+                        "machine_cpu_busy_while_work": cpu_busy,
+                        "work_window_s": max(0.0, last - first) if work else 0.0,
                         "env_cpu_ms_per_rollout": 1000 * run["cpu_s"] / run["rollouts"],
                     }
 
@@ -325,10 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="measurements per point (the median is reported)")
     parser.add_argument("--embedded", action="store_true", help="startup: also time the embedded vLLM server cold and warm")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run's config, e.g. runner.oversubscribe=2")
     args = parser.parse_args(argv)
+    EXTRA_OVERRIDES[:] = args.set
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
-    context = _context()
+    context = {**_context(), **({"overrides": " ".join(args.set)} if args.set else {})}
     for name in (list(BENCHES) if args.name == "all" else [args.name]):
         kwargs = {"embedded": args.embedded} if name == "startup" else {}
         with open(args.out / f"{name}.jsonl", "a", encoding="utf-8") as log:

@@ -8,7 +8,6 @@ Returns the objective (sweep.objective; by default the mean reward).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -27,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from opd import tracing  # noqa: E402
 from opd.config import Config, ConfigError, register, validate  # noqa: E402
+from opd.loop import run_loop  # noqa: E402
 
 logger = logging.getLogger("experiments.launch")
 register()
@@ -38,7 +38,7 @@ def _resolved(cfg: DictConfig) -> dict[str, Any]:
     return container
 
 
-async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any, watch: Any, kept: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, list[float]]]:
+async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any, watch: Any, kept: list[dict[str, Any]], groups: int) -> tuple[dict[str, float], dict[str, list[float]]]:
     from collections import Counter
 
     from opd.records import GroupWriter
@@ -69,7 +69,7 @@ async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any, watch
             writer = stack.enter_context(GroupWriter(groups_path, fsync=typed.runner.fsync))
             stats = await run_generation(
                 env, writer, typed.total_steps,
-                groups_in_flight=typed.runner.groups_in_flight,
+                groups_in_flight=groups,
                 max_attempts_per_item=typed.runner.max_attempts_per_item,
                 max_failed_groups=typed.runner.max_failed_groups,
                 on_metrics=on_metrics,
@@ -99,10 +99,10 @@ async def _train(env: Any, typed: Config, groups_path: Path, tracker: Any, watch
     return summary, history
 
 
-async def _evaluate(env: Any, typed: Config) -> dict[str, float]:
+async def _evaluate(env: Any, typed: Config, groups: int) -> dict[str, float]:
     try:
         await env.setup()
-        return await env.evaluate(concurrency=typed.runner.groups_in_flight * typed.group_size)
+        return await env.evaluate(concurrency=groups * typed.group_size)
     finally:
         await env.close()
 
@@ -166,7 +166,7 @@ def _sweep_job() -> tuple[Any, dict[str, str]]:
 
 def launch(cfg: DictConfig) -> float:
     """Run one experiment from a composed config; return the objective (mean reward or eval accuracy)."""
-    from opd.build import build_env, inference_servers, load_data, resolve_model
+    from opd.build import build_env, groups_in_flight, inference_servers, load_data, resolve_model
     from opd.sweep import run_name, shared_server_for
     from opd.tracking import Tracker, dataset_source
 
@@ -221,10 +221,14 @@ def launch(cfg: DictConfig) -> float:
         shared = shared_server_for(sweep, typed.server) if typed.server.kind == "local" else None
         with inference_servers(typed, model, out / "vllm", shared=shared) as (urls, watch):
             env = build_env(typed, data, model, urls)
+            groups = groups_in_flight(typed, len(urls))
+            logger.info("%d groups (%d rollouts) in flight for %d request slots", groups, groups * typed.group_size, typed.server.max_requests_in_flight * len(urls))
+            if tracker is not None:
+                tracker.set_tags({"opd.groups_in_flight": str(groups)})
             if typed.mode == "evaluate":
-                summary = asyncio.run(_evaluate(env, typed))
+                summary = run_loop(_evaluate(env, typed, groups), typed.runner.uvloop)
             else:
-                summary, history = asyncio.run(_train(env, typed, groups_path, tracker, watch, kept))
+                summary, history = run_loop(_train(env, typed, groups_path, tracker, watch, kept, groups), typed.runner.uvloop)
         objective = objective_of(typed.sweep.objective, typed.mode, summary, history)
         if tracker is not None:
             tracker.log_metrics({**summary, "objective": objective}, step=typed.total_steps if typed.mode != "evaluate" else 0)

@@ -79,6 +79,15 @@ def server_configs(cfg: Config, model: str, base_urls: list[str]) -> list[APISer
     ]
 
 
+def groups_in_flight(cfg: Config, servers: int) -> int:
+    """runner.groups_in_flight, or (null) enough groups to keep every server request slot busy."""
+    from opd.runner import groups_to_fill
+
+    if cfg.runner.groups_in_flight is not None:
+        return cfg.runner.groups_in_flight
+    return groups_to_fill(cfg.server.max_requests_in_flight * servers, cfg.group_size, cfg.runner.oversubscribe)
+
+
 def load_data(cfg: Config):
     """The environment's dataset (loaded before any server starts, so bad paths fail first)."""
     if cfg.env.name == "inline_math":
@@ -101,15 +110,14 @@ def judge_server(cfg: Config):
     """A ServerManager for judge=server (None: the judge uses the policy's server)."""
     if cfg.judge.kind != "server":
         return None
-    from atroposlib.envs.server_handling.server_manager import ServerManager
-
+    from opd.serving.slots import SlotServerManager
     from opd.serving.vllm_client import OpenAIVLLMServer
 
     config = APIServerConfig(
         model_name=cfg.judge.model, base_url=cfg.judge.base_url, api_key=cfg.judge.api_key,
         timeout=int(max(1, cfg.server.request_timeout_s)), server_type="vllm", health_check=False,
     )
-    return ServerManager([config], server_class=OpenAIVLLMServer)
+    return SlotServerManager([config], server_class=OpenAIVLLMServer)
 
 
 def build_env(cfg: Config, data, model: str, base_urls: list[str]):

@@ -452,8 +452,14 @@ class ServeConfig:
 
 @dataclass
 class RunnerConfig:
-    # Groups generated concurrently.
-    groups_in_flight: int = 4
+    # Groups generated concurrently. null: enough groups that the rollouts in flight outnumber
+    # the servers' request slots (server.max_requests_in_flight per server) `oversubscribe` times,
+    # so a rollout running a tool, being scored or waiting for its group never leaves a slot idle.
+    groups_in_flight: Optional[int] = None
+    # Rollouts in flight per server request slot when groups_in_flight is null (>= 1).
+    oversubscribe: float = 1.5
+    # Run the event loop on uvloop (less CPU per request than asyncio's own loop); false: asyncio's.
+    uvloop: bool = True
     # Attempts per dataset item before it is given up (counted as failed).
     max_attempts_per_item: int = 2
     # The run stops with an error after this many failed groups (guards against endless loops).
@@ -464,7 +470,9 @@ class RunnerConfig:
     fsync: bool = False
 
     def __post_init__(self) -> None:
-        _at_least("runner.groups_in_flight", self.groups_in_flight, 1)
+        if self.groups_in_flight is not None:
+            _at_least("runner.groups_in_flight", self.groups_in_flight, 1)
+        _check(self.oversubscribe >= 1, "runner.oversubscribe", ">= 1", self.oversubscribe)
         _at_least("runner.max_attempts_per_item", self.max_attempts_per_item, 1)
         _at_least("runner.max_failed_groups", self.max_failed_groups, 0)
 

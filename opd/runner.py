@@ -1,6 +1,9 @@
 """The generation loop: several groups in flight, each isolated, written as soon as it is done.
 
-- Up to `groups_in_flight` groups are collected concurrently.
+- Up to `groups_in_flight` groups are collected concurrently. The server's own limit is on
+  requests (atroposlib's per-server semaphore, `server.max_requests_in_flight`); by default the
+  runner keeps more rollouts in flight than that (`groups_to_fill`), so that while some rollouts
+  run tools, are scored or wait for the rest of their group, others hold every request slot.
 - A group that raises is counted, logged once with its cause and its item retried up to
   `max_attempts_per_item` times; then the item is given up. The run goes on.
 - Only written groups count towards `total_steps`; more than `max_failed_groups` failures end
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -42,11 +46,20 @@ class RunStats:
     failed: int = 0
     items_given_up: int = 0
     started: float = field(default_factory=time.monotonic)
+    # time.monotonic() when each group was written, in order.
+    written_at: list[float] = field(default_factory=list)
     failure_causes: dict[str, int] = field(default_factory=dict)
 
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+
+def groups_to_fill(request_slots: int, group_size: int, oversubscribe: float) -> int:
+    """Groups in flight so that `request_slots` x `oversubscribe` rollouts are (at least) in flight."""
+    if request_slots < 1 or group_size < 1 or oversubscribe < 1:
+        raise ValueError(f"groups_to_fill needs slots >= 1, group_size >= 1, oversubscribe >= 1 (got {request_slots}, {group_size}, {oversubscribe})")
+    return max(1, math.ceil(request_slots * oversubscribe / group_size))
 
 
 MetricsSink = Callable[[dict[str, float], int], None]
@@ -125,6 +138,7 @@ async def run_generation(
                     continue
                 writer.write(group)
                 stats.written += 1
+                stats.written_at.append(time.monotonic())
                 if on_group is not None:
                     await on_group(group)
                 bar.update(1)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from experiments.bench import bench_opd, bench_overhead, bench_records
+from experiments.bench import bench_e2e, bench_opd, bench_overhead, bench_records
 
 
 def test_records_bench_writes_and_reads_back_both_encodings() -> None:
@@ -24,10 +24,21 @@ def test_records_bench_writes_and_reads_back_both_encodings() -> None:
 
 @pytest.mark.slow
 def test_overhead_bench_drives_the_real_stack_against_the_loopback_server() -> None:
-    (result,) = bench_overhead(1, latency_s=0.05, limits=(4,))
+    (result,) = bench_overhead(1, latencies=(0.05,), limits=(4,))
     assert result["in_flight"] == 4 and result["rollouts"] == 40
-    assert 0.2 < result["fraction_of_ideal"] <= 1.05
-    assert result["env_cpu_ms_per_rollout"] > 0
+    assert 0.2 < result["fraction_of_ideal"] <= 1.05 and 0.2 < result["bare_client_fraction_of_ideal"] <= 1.05
+    assert result["fraction_of_bare_client"] == pytest.approx(result["fraction_of_ideal"] / result["bare_client_fraction_of_ideal"])
+    assert result["env_cpu_ms_per_rollout"] > 0 and result["event_loop"] == "uvloop"
+
+
+@pytest.mark.slow
+def test_e2e_bench_reads_the_servers_running_requests(vllm_url: str) -> None:
+    (result,) = bench_e2e(1, limit=4, base_url=vllm_url, runs=(("inline_math", 4, ("env.max_tool_calls=1",)),))
+    assert result["env"] == "inline_math" and result["in_flight_limit"] == 4 and result["groups"] == 4
+    assert result["groups_in_flight"] == 2  # 4 slots x 1.5 / group_size 4, rounded up
+    # vLLM's own gauge saw requests running, never more than the limit on average.
+    assert 0 < result["mean_running_while_work"] <= 4 and result["mean_running_whole_run"] > 0
+    assert result["groups_per_min"] > 0
 
 
 @pytest.mark.slow

@@ -83,6 +83,7 @@ def test_wrong_types_and_unknown_keys_fail_at_composition(override: str, message
         (["dataset=math_local", "dataset.path=null"], "dataset.path must be set"),
         (["mode=serve_forever"], "mode must be one of"),
         (["runner.groups_in_flight=0"], "runner.groups_in_flight must be >= 1"),
+        (["runner.oversubscribe=0.5"], "runner.oversubscribe must be >= 1, got 0.5"),
         (["env.sandbox.timeout_s=0"], "env.sandbox.timeout_s must be >= 1"),
         (["+env.no_such_key=1"], "unknown config key(s): env.no_such_key"),
         (["+reward.weights.speed=1"], "unknown config key(s): reward.weights.speed"),

@@ -72,6 +72,8 @@ def test_three_groups_line_up_with_the_server_and_land_in_mlflow(tmp_path, fixtu
     assert run.info.status == "FINISHED"
     assert run.data.params["env.name"] == "inline_math" and run.data.params["total_steps"] == "3"
     assert run.data.tags["env"] == "inline_math" and run.data.tags["server"] == "vllm"
+    # runner.groups_in_flight=null: 32 request slots x 1.5 / group_size 4.
+    assert run.data.params["runner.groups_in_flight"] == "None" and run.data.tags["opd.groups_in_flight"] == "12"
     history = client.get_metric_history(run.info.run_id, "reward/mean")
     assert [m.step for m in history] == [1, 2, 3]
     assert objective == pytest.approx(sum(m.value for m in history) / 3)
@@ -97,6 +99,28 @@ def test_topk_rows_are_normalised_to_exactly_k(fixture_model, vllm_url, tokenize
     for row_ids, row_lps, actual in zip(result["prompt_topk_token_ids"][1:], result["prompt_topk_logprobs"][1:], result["prompt_token_logprobs"][1:]):
         assert len(row_ids) == len(row_lps) == 5
         assert row_lps == sorted(row_lps, reverse=True) and actual is not None and actual <= row_lps[0] + 1e-6
+
+
+def test_scoring_only_the_rows_asked_for_gives_the_same_rows(fixture_model, vllm_url, tokenizer) -> None:
+    # Teacher scoring reads only the student's turn: rows before `rows_from` are left empty.
+    server = OpenAIVLLMServer(APIServerConfig(model_name=fixture_model, base_url=vllm_url, api_key="x", timeout=60))
+    ids = tokenizer.encode("<think>\nI will compute 2 + 3.\n</think> The answer is \\boxed{5}.")
+    start = len(ids) // 2
+
+    async def both() -> tuple[dict, dict]:
+        try:
+            return await server.get_logprobs(input_ids=ids, top_k=5), await server.get_logprobs(input_ids=ids, top_k=5, rows_from=start)
+        finally:
+            await server.close()
+
+    full, part = asyncio.run(both())
+    assert part["prompt_topk_token_ids"][:start] == [[]] * start and part["prompt_token_logprobs"][:start] == [None] * start
+    assert all(len(part[key]) == len(ids) for key in ("prompt_topk_token_ids", "prompt_topk_logprobs", "prompt_token_logprobs"))
+    for position in range(start, len(ids)):
+        assert part["prompt_token_logprobs"][position] == pytest.approx(full["prompt_token_logprobs"][position], abs=0.02)
+        assert part["prompt_topk_logprobs"][position] == pytest.approx(full["prompt_topk_logprobs"][position], abs=0.02)
+        # Ids agree except where near-equal logprobs may swap places between two scorings.
+        assert sum(a != b for a, b in zip(part["prompt_topk_token_ids"][position], full["prompt_topk_token_ids"][position])) <= 2
 
     async def too_many() -> None:
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import time
 from typing import Any
@@ -35,6 +36,12 @@ class Loopback:
         self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
         self.answer_ids = tokenizer.encode(MATH_ANSWER, add_special_tokens=False)
         self.tool_ids = tokenizer.encode(TOOL_TURN, add_special_tokens=False)
+        # Agent or not, per prompt head (decoding 600 tokens per request would cost the server more
+        # than the framework it measures).
+        self._agent_by_head: dict[tuple[int, ...], bool] = {}
+        # Encoded answers: generation bodies by agent-or-not, scoring rows by (token, K).
+        self._generation_body: dict[bool, bytes] = {}
+        self._row_json: dict[tuple[int, int], bytes] = {}
         self.served = 0
         self.in_flight = 0
         self.most_in_flight = 0
@@ -58,17 +65,37 @@ class Loopback:
             return web.json_response({"error": "scripted overload"}, status=503)
         prompt = body["prompt"]
         if body.get("prompt_logprobs"):
-            k = int(body["prompt_logprobs"])
-            rows = [None] + [{str((t + j) % 4000): {"logprob": -0.1 * (j + 1)} for j in range(k)} for t in prompt[1:]]
-            choice = {"index": 0, "text": "", "token_ids": [0], "finish_reason": "length", "prompt_logprobs": rows, "logprobs": None}
-        else:
-            ids = self.tool_ids if self._is_agent(prompt) else self.answer_ids
+            return self._scoring(prompt, int(body["prompt_logprobs"]))
+        agent = self._is_agent(prompt)
+        cached = self._generation_body.get(agent)
+        if cached is None:
+            ids = self.tool_ids if agent else self.answer_ids
             choice = {"index": 0, "text": "", "token_ids": ids, "finish_reason": "stop", "logprobs": {"token_logprobs": [-0.5] * len(ids)}}
-        return web.json_response({"id": "cmpl", "object": "text_completion", "created": int(time.time()), "model": body.get("model", "m"), "choices": [choice]})
+            cached = self._generation_body[agent] = json.dumps({"id": "cmpl", "object": "text_completion", "created": 0, "model": "loopback", "choices": [choice]}).encode()
+        return web.Response(body=cached, content_type="application/json")
+
+    def _scoring(self, prompt: list[int], k: int) -> web.Response:
+        """Prompt-logprob rows like vLLM's (K entries per position, none for the first), built from
+        per-token JSON fragments cached by (token, K): a real server computes them in parallel,
+        the scripted one must not become the bottleneck of the benchmark."""
+        fragments = []
+        for token in prompt[1:]:
+            fragment = self._row_json.get((token, k))
+            if fragment is None:
+                row = {str((token + j) % 4000): {"logprob": round(-0.1 * (j + 1), 6), "rank": j + 1} for j in range(k)}
+                fragment = self._row_json[(token, k)] = json.dumps(row).encode()
+            fragments.append(fragment)
+        body = (b'{"id":"cmpl","object":"text_completion","created":0,"model":"loopback","choices":[{"index":0,"text":"","token_ids":[0],'
+                b'"finish_reason":"length","logprobs":null,"prompt_logprobs":[null' + b"".join(b"," + f for f in fragments) + b"]}]}")
+        return web.Response(body=body, content_type="application/json")
 
     def _is_agent(self, prompt: list[int]) -> bool:
         """A coding-agent prompt (its tools include `terminal`): answered with a tool call per turn."""
-        return '"terminal"' in self.tokenizer.decode(prompt[:600])
+        head = tuple(prompt[:600])
+        agent = self._agent_by_head.get(head)
+        if agent is None:
+            agent = self._agent_by_head[head] = '"terminal"' in self.tokenizer.decode(head)
+        return agent
 
     async def chat(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -107,7 +134,15 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     server = Loopback(args.latency, AutoTokenizer.from_pretrained(args.tokenizer), args.fail_every)
-    web.run_app(server.app(), host="127.0.0.1", port=args.port, print=None, access_log=None, backlog=4096)
+    web.run_app(server.app(), host="127.0.0.1", port=args.port, print=None, access_log=None, backlog=4096, loop=_new_loop())
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ from typing import Any, Awaitable, Callable
 
 HINT_HEADER = "[hint]"
 
-# (input_ids, top_k) -> atroposlib get_logprobs payload (ours also has prompt_token_logprobs)
-ScoreFn = Callable[[list[int], int], Awaitable[dict[str, Any]]]
+# (input_ids, top_k, rows_from) -> atroposlib get_logprobs payload (ours also has
+# prompt_token_logprobs); rows before `rows_from` may come back empty.
+ScoreFn = Callable[[list[int], int, int], Awaitable[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,8 @@ def with_hint(context: list[dict[str, Any]], hint: str, placement: str) -> list[
 async def score_turn(tokenizer: Any, context: list[dict[str, Any]], tools: list[dict] | None, turn_ids: list[int], hint: str, placement: str, top_k: int, score: ScoreFn) -> TeacherRows:
     prompt = tokenizer.apply_chat_template(with_hint(context, hint, placement), tools=tools, add_generation_prompt=True, tokenize=False)
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    result = await score(prompt_ids + list(turn_ids), top_k)
     first = len(prompt_ids)
+    result = await score(prompt_ids + list(turn_ids), top_k, first)
     ids = result["prompt_topk_token_ids"][first:]
     lps = result["prompt_topk_logprobs"][first:]
     sampled = result["prompt_token_logprobs"][first:]

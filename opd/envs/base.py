@@ -18,6 +18,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
 from opd.records import MASK, MASKED_LOGPROB
 from opd import tracing
+from opd.serving.slots import SlotServerManager
 from opd.serving.vllm_client import OpenAIVLLMServer
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ class OPDBaseEnv(BaseEnv):
             include_messages=False,
         )
         super().__init__(base_config, server_configs, slurm=False, testing=False)
+        # atroposlib's manager polls every second for a free slot; ours waits for a release.
+        self.server = SlotServerManager(server_configs, server_class=self.server_cls)
 
     async def setup(self) -> None:
         """Data is loaded before the env is built (opd.build); nothing to do here."""

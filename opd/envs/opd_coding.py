@@ -97,10 +97,10 @@ class OPDCodingEnv(OPDBaseEnv):
 
     # ---- server calls used by OPD ----------------------------------------------------------
 
-    async def score_prompt(self, input_ids: list[int], top_k: int) -> dict[str, Any]:
+    async def score_prompt(self, input_ids: list[int], top_k: int, rows_from: int = 0) -> dict[str, Any]:
         with tracing.span("teacher scoring", "LLM", {"tokens": len(input_ids), "top_k": top_k}):
             try:
-                return await self.server.get_logprobs(input_ids=input_ids, top_k=top_k, split="eval")
+                return await self.server.get_logprobs(input_ids=input_ids, top_k=top_k, rows_from=rows_from, split="eval")
             except Exception as err:
                 raise unwrap_retry(err) from None
 
