@@ -95,3 +95,26 @@ def test_works_in_its_own_directory_which_is_removed() -> None:
 def test_disk_filler_is_stopped_by_the_file_size_limit(size_mb: int) -> None:
     result = run(f"open('big', 'wb').write(b'0' * ({size_mb} * 1024 * 1024))", SandboxLimits(timeout_s=5, file_size_mb=4))
     assert result.error is not None
+
+
+def test_the_limits_are_in_force_inside() -> None:
+    # Whichever way the child was started (the exec chain sh -> prlimit -> unshare, or the
+    # preexec fallback), the code sees the configured limits, its own PID namespace and user.
+    limits = SandboxLimits(cpu_s=7, memory_mb=512, file_size_mb=4, max_open_files=32)
+    code = (
+        "import os, resource\n"
+        "print([resource.getrlimit(r) for r in (resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE, resource.RLIMIT_CORE)])\n"
+        "print(os.getpid(), os.getuid())\n"
+    )
+    result = asyncio.run(run_python(code, limits))
+    assert result.error is None, result
+    rlimits, ids = result.stdout.splitlines()
+    mib = 1024 * 1024
+    assert rlimits == str([(7, 8), (512 * mib, 512 * mib), (4 * mib, 4 * mib), (32, 32), (0, 0)])
+    pid, uid = ids.split()
+    from opd.tools.sandbox import _unshare, sandbox_plan
+
+    if _unshare() is not None:
+        assert pid == "1"  # first process of a new PID namespace
+    plan_ids, _ = sandbox_plan(limits.user)
+    assert int(uid) == (plan_ids[0] if plan_ids else os.getuid())
