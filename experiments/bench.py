@@ -95,14 +95,19 @@ async def _generate_rollouts(cfg: Any, url: str, rollouts_per_limit: int, path: 
     model = resolve_model("fixture")
     env = build_env(cfg, load_data(cfg), model, [url])
     await env.setup()
+    written_at: list[float] = []
+
+    async def stamp(group: dict[str, Any]) -> None:
+        written_at.append(time.monotonic())
+
     cpu0 = time.process_time()
     with GroupWriter(path) as writer:
         stats = await run_generation(env, writer, rollouts_per_limit // cfg.group_size, groups_in_flight=groups_in_flight(cfg, 1),
-                                     max_attempts_per_item=1, max_failed_groups=0, progress=False)
+                                     max_attempts_per_item=1, max_failed_groups=0, progress=False, on_group=stamp)
     cpu = time.process_time() - cpu0
     await env.close()
     return {"wall_s": stats.elapsed, "cpu_s": cpu, "rollouts": stats.written * cfg.group_size,
-            "written_at": stats.written_at, "groups_in_flight": groups_in_flight(cfg, 1)}
+            "written_at": written_at, "groups_in_flight": groups_in_flight(cfg, 1)}
 
 
 async def _bare_client(url: str, limit: int, requests: int, prompt: list[int]) -> dict[str, float]:

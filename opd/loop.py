@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -33,8 +33,3 @@ def run_loop(main: Awaitable[T], use_uvloop: bool = True) -> T:
     with asyncio.Runner(loop_factory=loop_factory(use_uvloop)) as runner:
         return runner.run(main)  # type: ignore[arg-type]
 
-
-def running_loop_kind() -> str:
-    """'uvloop' or 'asyncio': the kind of the loop running now (for logs and tests)."""
-    loop: Any = asyncio.get_running_loop()
-    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"

@@ -22,10 +22,10 @@ import logging
 import math
 import os
 import zlib
-
-import numpy as np
 from pathlib import Path
 from typing import Any, Iterator
+
+import numpy as np
 
 logger = logging.getLogger(__name__)
 

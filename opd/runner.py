@@ -46,8 +46,6 @@ class RunStats:
     failed: int = 0
     items_given_up: int = 0
     started: float = field(default_factory=time.monotonic)
-    # time.monotonic() when each group was written, in order.
-    written_at: list[float] = field(default_factory=list)
     failure_causes: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -138,7 +136,6 @@ async def run_generation(
                     continue
                 writer.write(group)
                 stats.written += 1
-                stats.written_at.append(time.monotonic())
                 if on_group is not None:
                     await on_group(group)
                 bar.update(1)

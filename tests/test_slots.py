@@ -13,10 +13,10 @@ from atroposlib.envs.server_handling import server_manager
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from openai.types.chat import ChatCompletion
 
-from opd.loop import run_loop, running_loop_kind
+from opd.loop import run_loop
 from opd.runner import groups_to_fill
 from opd.serving.slots import SlotServerManager
-from opd.serving.vllm_client import OpenAIVLLMServer, normalise_topk_row, normalise_topk_rows
+from opd.serving.vllm_client import OpenAIVLLMServer, normalise_topk_rows
 
 
 class TimedServer(OpenAIVLLMServer):
@@ -150,7 +150,7 @@ def test_groups_to_fill_covers_the_slots_times_the_oversubscription() -> None:
 
 def test_run_loop_uses_uvloop_unless_told_not_to() -> None:
     async def kind() -> str:
-        return running_loop_kind()
+        return "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
 
     assert run_loop(kind()) == "uvloop"
     assert run_loop(kind(), use_uvloop=False) == "asyncio"
@@ -182,7 +182,7 @@ def test_batched_normalisation_equals_the_row_by_row_definition() -> None:
     assert ids == [e[0] for e in expected]
     assert lps == [e[1] for e in expected]
     assert actual == [e[2] for e in expected]
-    assert normalise_topk_row(rows[1], tokens[1], k) == expected[1]
+    assert normalise_topk_rows([tokens[1]], [rows[1]], k) == ([expected[1][0]], [expected[1][1]], [expected[1][2]])
     assert normalise_topk_rows([], [], k) == ([], [], [])
 
 

@@ -70,20 +70,13 @@ def _decode(body: bytes, into: Any) -> Any:
         return json.loads(body)
 
 
-def normalise_topk_row(row: dict[Any, Any] | None, actual: int, k: int) -> tuple[list[int], list[float], float | None]:
-    """One vLLM prompt-logprob row -> (top-K ids, their logprobs, the actual token's logprob).
+def normalise_topk_rows(tokens: list[int], rows: list[dict[Any, Any] | None], k: int) -> tuple[list[list[int]], list[list[float]], list[float | None]]:
+    """vLLM prompt-logprob rows -> per position (top-K ids, their logprobs, the actual token's logprob).
 
     vLLM returns K entries when the actual token is in the top K, else K+1 with the actual token
-    added; rows are keyed by token id (strings in JSON). The result is sorted by logprob
-    (descending, ties by id) and cut to K. `normalise_topk_rows` does the same for many rows.
-    """
-    (ids,), (lps,), (lp,) = normalise_topk_rows([actual], [row], k)
-    return ids, lps, lp
-
-
-def normalise_topk_rows(tokens: list[int], rows: list[dict[Any, Any] | None], k: int) -> tuple[list[list[int]], list[list[float]], list[float | None]]:
-    """`normalise_topk_row` for every (token, row) pair at once (one numpy sort of all entries):
-    about 25x faster than row by row at 1k rows x K=20. An empty or missing row gives [], [], None."""
+    added; rows are keyed by token id (strings in JSON). Each result row is sorted by logprob
+    (descending, ties by id) and cut to K; an empty or missing row gives [], [], None. One numpy
+    sort of all entries instead of a Python sort per row (1k rows x K=20: 15 vs 26 ms)."""
     lengths = np.fromiter((len(row) if row else 0 for row in rows), dtype=np.int64, count=len(rows))
     ids: list[int] = []
     lps: list[float] = []

@@ -35,7 +35,6 @@ import uuid
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -196,18 +195,20 @@ def _net_namespace_ok() -> bool:
     if unshare is None:
         return False
     try:
-        return subprocess.run([unshare, "--pid", "--fork", "--kill-child", "--net", "--", "true"], capture_output=True, timeout=10).returncode == 0
+        ok = subprocess.run([unshare, "--pid", "--fork", "--kill-child", "--net", "--", "true"], capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.SubprocessError):
-        return False
+        ok = False
+    if not ok:
+        logger.warning("no network namespaces here: sandboxed code keeps the network (isolate_network cannot apply)")
+    return ok
 
 
 def _exec_chain(argv: list[str], limits: SandboxLimits, cgroup: "_PidsCgroup", ids: tuple[int, int] | None) -> list[str]:
     """argv behind the programs that apply what `_preexec` does, each exec'ing the next:
     sh (joins the pids cgroup, before anything can fork), prlimit (resource limits), unshare
-    (PID and network namespaces, then drops to the sandbox user)."""
+    (`_command`: PID and network namespaces, then drops to the sandbox user)."""
     launchers = _launchers()
-    unshare = _unshare()
-    assert launchers is not None and unshare is not None
+    assert launchers is not None
     sh, prlimit = launchers
     mib = 1024 * 1024
     chain: list[str] = []
@@ -217,21 +218,17 @@ def _exec_chain(argv: list[str], limits: SandboxLimits, cgroup: "_PidsCgroup", i
               f"--nofile={limits.max_open_files}", "--core=0"]
     if cgroup.path is None:  # per user, so shared by concurrent runs: the cgroup is per run
         chain.append(f"--nproc={limits.max_processes}")
-    chain += ["--", unshare, "--pid", "--fork", "--kill-child"]
-    if limits.isolate_network and _net_namespace_ok():
-        chain.append("--net")
-    if ids is not None:
-        chain += ["--setuid", str(ids[0]), "--setgid", str(ids[1])]
-    return [*chain, "--", *argv]
+    return [*chain, "--", *_command(argv, ids, net=limits.isolate_network and _net_namespace_ok())]
 
 
-def _command(argv: list[str], ids: tuple[int, int] | None) -> list[str]:
-    """argv inside a new PID namespace (as the sandbox user) where possible."""
+def _command(argv: list[str], ids: tuple[int, int] | None, net: bool = False) -> list[str]:
+    """argv inside a new PID namespace (and network namespace if `net`), as the sandbox user,
+    where unshare works here."""
     unshare = _unshare()
     if unshare is None:
         return list(argv)
     drop = ["--setuid", str(ids[0]), "--setgid", str(ids[1])] if ids else []
-    return [unshare, "--pid", "--fork", "--kill-child", *drop, "--", *argv]
+    return [unshare, "--pid", "--fork", "--kill-child", *(["--net"] if net else []), *drop, "--", *argv]
 
 
 @lru_cache(maxsize=1)
@@ -396,22 +393,15 @@ async def run_command(argv: list[str], workdir: str, limits: SandboxLimits) -> S
             if ids is not None:
                 _give_to(workdir, ids)
             if _launchers() is not None:
-                # subprocess.Popen with no preexec_fn: vfork, ~1 ms (the event loop's own spawn,
-                # uvloop's included, forks: ~30 ms of a blocked loop per call at 500 MiB RSS).
-                proc: Any = subprocess.Popen(
-                    _exec_chain(argv, limits, cgroup, ids), cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True, close_fds=True,
-                )
-                wait = lambda: _exited(proc)  # noqa: E731
+                # No preexec_fn: CPython starts the child by vfork, ~1 ms. (Any fork, the event
+                # loop's spawn included, blocks the loop ~30 ms per call at 500 MiB RSS.)
+                command, start = _exec_chain(argv, limits, cgroup, ids), {"start_new_session": True}
             else:
-                proc = await asyncio.create_subprocess_exec(
-                    *_command(argv, ids), cwd=workdir, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
-                    preexec_fn=lambda: _preexec(limits, cgroup, ids), close_fds=True,
-                )
-                wait = proc.wait
+                command, start = _command(argv, ids), {"preexec_fn": lambda: _preexec(limits, cgroup, ids)}
+            proc = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True, **start)
         timed_out = False
         try:
-            await asyncio.wait_for(wait(), timeout=limits.timeout_s)
+            await asyncio.wait_for(_exited(proc), timeout=limits.timeout_s)
         except asyncio.TimeoutError:
             timed_out = True
         finally:
@@ -419,7 +409,7 @@ async def run_command(argv: list[str], workdir: str, limits: SandboxLimits) -> S
             # (the PID namespace and the cgroup also catch processes that left the group).
             _kill_group(proc.pid)
             if proc.returncode is None:
-                await wait()
+                await _exited(proc)
             cgroup.close()
         stdout = _read_truncated(out_path, limits.output_chars)
         stderr = _read_truncated(err_path, limits.output_chars)
