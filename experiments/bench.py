@@ -63,22 +63,26 @@ def loopback(latency_s: float, fail_every: int = 0) -> Iterator[str]:
     from opd.serving.watch import healthy
 
     port = free_port()
+    # Its log goes to a file: a pipe nobody reads while it runs would fill and stall the server.
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
         [sys.executable, "-m", "opd.bench.loopback", "--port", str(port), "--latency", str(latency_s), "--tokenizer", str(ensure_fixture()),
          "--fail-every", str(fail_every)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
     )
     url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + 60
         while not healthy(url):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"loopback server did not start: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+                log.seek(0)
+                raise RuntimeError(f"loopback server did not start: {log.read().decode(errors='replace')[-2000:]}")
             time.sleep(0.1)
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        log.close()
 
 
 def _median(values: list[float]) -> float:
@@ -361,14 +365,16 @@ def bench_e2e(repeats: int, limit: int = 16, base_url: str | None = None, runs: 
                 ])
                 for r in range(repeats):
                     samples: list[tuple[float, float, float, float]] = []
+                    missed: list[str] = []
                     stop = threading.Event()
 
                     def sample() -> None:
                         while not stop.is_set():
                             try:
                                 text = urllib.request.urlopen(metrics_url, timeout=30).read().decode()
-                            except OSError as err:  # a busy CPU server can be slow to answer: skip the sample
+                            except OSError as err:  # a busy CPU server can be slow to answer: skip the sample, counted
                                 logger.warning("no /metrics sample: %s", err)
+                                missed.append(str(err))
                                 continue
                             running = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running"))
                             waiting = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_waiting"))
@@ -398,6 +404,7 @@ def bench_e2e(repeats: int, limit: int = 16, base_url: str | None = None, runs: 
                         "mean_waiting_whole_run": statistics.fmean(w for _, _, w, _ in samples) if samples else 0.0,
                         "machine_cpu_busy_while_work": cpu_busy,
                         "work_window_s": max(0.0, last - first) if work else 0.0,
+                        "metrics_samples": len(samples), "metrics_samples_missed": len(missed),
                         "env_cpu_ms_per_rollout": 1000 * run["cpu_s"] / run["rollouts"],
                     }
 

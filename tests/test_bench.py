@@ -38,7 +38,7 @@ def test_e2e_bench_reads_the_servers_running_requests(vllm_url: str) -> None:
     assert result["groups_in_flight"] == 2  # 4 slots x 1.5 / group_size 4, rounded up
     # vLLM's own gauge saw requests running, never more than the limit on average.
     assert 0 < result["mean_running_while_work"] <= 4 and result["mean_running_whole_run"] > 0
-    assert result["groups_per_min"] > 0
+    assert result["groups_per_min"] > 0 and result["metrics_samples"] > 0 and result["metrics_samples_missed"] == 0
 
 
 @pytest.mark.slow
