@@ -203,8 +203,10 @@ def test_the_embedded_server_is_restarted_when_it_dies(tmp_path: Path, fixture_m
     groups_path = tmp_path / "run" / "groups.jsonl"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     cmd = [
-        sys.executable, "-m", "experiments.launch", "env=inline_math", "total_steps=6", "group_size=2", "runner.progress=false",
-        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"tracking.artifact_root={tmp_path / 'mlruns'}", f"hydra.run.dir={tmp_path / 'run'}",
+        # One group at a time, so that four groups still need the server when it is killed (with
+        # more in flight they may all be generated already, and then no restart is needed).
+        sys.executable, "-m", "experiments.launch", "env=inline_math", "total_steps=6", "group_size=2", "runner.groups_in_flight=1",
+        "runner.progress=false", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"tracking.artifact_root={tmp_path / 'mlruns'}", f"hydra.run.dir={tmp_path / 'run'}",
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr.log").open("w"))
     deadline = time.monotonic() + 400

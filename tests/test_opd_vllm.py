@@ -18,6 +18,8 @@ from opd.validate import validate_file
 
 pytestmark = pytest.mark.vllm
 K = 20
+# One bf16 step for a logit in [8, 16) is 2**-4; logprobs within it count as equal.
+BF16_STEP = 0.07
 
 
 def launch(tmp_path: Path, fixture_model: str, url: str, overrides: list[str]) -> float:
@@ -89,14 +91,20 @@ def test_stored_rows_equal_a_fresh_teacher_scoring(opd_run: Path, fixture_model:
 
     fresh = asyncio.run(score())
     offset = len(prompt_ids)
+    differences: list[float] = []
     for j, position in enumerate(range(start, end)):
         stored_ids, stored_lps = group["distill_token_ids"][seq][position], group["distill_logprobs"][seq][position]
         fresh_ids, fresh_lps = fresh["prompt_topk_token_ids"][offset + j], fresh["prompt_topk_logprobs"][offset + j]
-        assert stored_lps == pytest.approx(fresh_lps, abs=0.02)
+        # The run scored this turn inside a batch of other requests, this lone request does not:
+        # vLLM's kernels then round the bf16 logits differently, by up to one bf16 step.
+        assert stored_lps == pytest.approx(fresh_lps, abs=BF16_STEP)
+        differences += [abs(a - b) for a, b in zip(stored_lps, fresh_lps)]
         # Ids agree except where near-equal logprobs may swap order.
         assert sum(a != b for a, b in zip(stored_ids, fresh_ids)) <= K // 2
-        assert stored_ids[0] == fresh_ids[0] or abs(stored_lps[0] - stored_lps[1]) < 0.02
-        assert group["overrides"][seq]["teacher_logprobs"][position] == pytest.approx(fresh["prompt_token_logprobs"][offset + j], abs=0.02)
+        assert stored_ids[0] == fresh_ids[0] or abs(stored_lps[0] - stored_lps[1]) < BF16_STEP
+        assert group["overrides"][seq]["teacher_logprobs"][position] == pytest.approx(fresh["prompt_token_logprobs"][offset + j], abs=BF16_STEP)
+    # Rounding moves a few values; a row from the wrong position or context would move most of them.
+    assert sum(differences) / len(differences) < 0.01
     # Positions just outside the turn carry no teacher rows.
     assert group["distill_token_ids"][seq][start - 1][0] == DISTILL_PAD_ID
     if end < len(group["tokens"][seq]):
