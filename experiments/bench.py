@@ -328,6 +328,11 @@ def _busy_cpu_seconds() -> float:
     return (sum(fields[:8]) - idle) / (os.sysconf("SC_CLK_TCK") or 100)
 
 
+def _gauge(metrics: str, name: str) -> float:
+    """A Prometheus gauge from a /metrics text, summed over its label sets (one per model)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name))
+
+
 E2E_RUNS = (("inline_math", 24, ()), ("opd_coding", 10, ("env.max_turns=4", "judge_votes=3")))
 
 
@@ -376,9 +381,7 @@ def bench_e2e(repeats: int, limit: int = 16, base_url: str | None = None, runs: 
                                 logger.warning("no /metrics sample: %s", err)
                                 missed.append(str(err))
                                 continue
-                            running = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running"))
-                            waiting = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_waiting"))
-                            samples.append((time.monotonic(), running, waiting, _busy_cpu_seconds()))
+                            samples.append((time.monotonic(), _gauge(text, "vllm:num_requests_running"), _gauge(text, "vllm:num_requests_waiting"), _busy_cpu_seconds()))
                             time.sleep(0.1)
 
                     sampler = threading.Thread(target=sample, daemon=True)

@@ -73,6 +73,18 @@ def collect(env: ScriptedMathEnv) -> dict:
     return group
 
 
+def test_the_env_sends_requests_through_one_slot_pool_per_server(make_env) -> None:
+    # Our manager replaces atroposlib's; it keeps what atroposlib gave its own (the env's
+    # reasoning settings, the server class) and gives each server one pool for both splits.
+    from opd.serving.slots import SlotSemaphore, SlotServerManager
+
+    env = make_env([])
+    assert isinstance(env.server, SlotServerManager)
+    assert env.server.reasoning_config is not None and env.server.reasoning_config.enabled == env.config.thinking_mode
+    (server,) = env.server.servers
+    assert isinstance(server, ScriptedServer) and isinstance(server.sem, SlotSemaphore) and server.eval_sem is server.sem
+
+
 def test_tool_response_is_inserted_masked_and_generation_continues(make_env, tokenizer) -> None:
     env = make_env([(CALL, "stop"), (ANSWER, "stop")])
     group = collect(env)

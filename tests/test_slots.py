@@ -10,7 +10,7 @@ import time
 
 import pytest
 from atroposlib.envs.server_handling import server_manager
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig, AsyncSemWithAdaptiveWeight
 from openai.types.chat import ChatCompletion
 
 from opd.loop import run_loop
@@ -52,13 +52,13 @@ class TimedServer(OpenAIVLLMServer):
         return {"prompt_tokens": kwargs["input_ids"], "prompt_topk_token_ids": [], "prompt_topk_logprobs": [], "prompt_token_logprobs": []}
 
 
-def manager(latencies: list[float], slots: int) -> SlotServerManager:
+def manager(latencies: list[float], slots: int, base: type = TimedServer) -> SlotServerManager:
     configs = [APIServerConfig(model_name="m", base_url=f"http://127.0.0.1:{9000 + i}/v1", api_key="x", timeout=30,
                                num_max_requests_at_once=slots, num_requests_for_eval=slots, server_type="vllm", health_check=False)
                for i in range(len(latencies))]
     latency_of = dict(zip((c.base_url for c in configs), latencies))
 
-    class Server(TimedServer):
+    class Server(base):
         def __init__(self, config: APIServerConfig, reasoning_config=None) -> None:
             super().__init__(config, latency_of[config.base_url])
 
@@ -122,6 +122,27 @@ def test_several_full_servers_hand_waiting_requests_to_whichever_frees_a_slot(po
     assert slow.served + fast.served == 12
     assert fast.served >= 9  # the fast server took the queue (stuck behind the slow one it would get ~6)
     assert polls == [] and slow.most_running == fast.most_running == 1
+
+
+def test_servers_of_any_class_get_one_pool_that_wakes_waiters(polls) -> None:
+    class AtroposPools(TimedServer):
+        """A server class with atroposlib's own two semaphores, which tell nobody of a release."""
+
+        def __init__(self, config: APIServerConfig, latency: float) -> None:
+            super().__init__(config, latency)
+            self.sem = AsyncSemWithAdaptiveWeight(config.num_max_requests_at_once)
+            self.eval_sem = AsyncSemWithAdaptiveWeight(config.num_requests_for_eval)
+
+    servers = manager([0.02, 0.02], slots=1, base=AtroposPools)
+
+    async def main() -> None:
+        train = [servers.tokens_and_logprobs_completion(input_ids=[1], max_tokens=1) for _ in range(4)]
+        scoring = [servers.get_logprobs(input_ids=[1, 2], top_k=1, split="eval") for _ in range(4)]
+        await asyncio.wait_for(asyncio.gather(*train, *scoring), timeout=5)  # a waiter never woken would hang
+
+    run_loop(main())
+    assert sum(s.served for s in servers.servers) == 8
+    assert polls == [] and all(s.most_running == 1 for s in servers.servers)
 
 
 def test_a_cancelled_waiter_does_not_swallow_the_next_free_slot(polls) -> None:
@@ -209,10 +230,12 @@ def _serve_body(body: bytes):
     return start
 
 
-def _score_against(body: bytes, **kwargs):
+def _score_against(body: bytes, servers: list | None = None, **kwargs):
     async def main():
         runner, url = await _serve_body(body)()
         server = OpenAIVLLMServer(APIServerConfig(model_name="m", base_url=url, api_key="x", timeout=10))
+        if servers is not None:
+            servers.append(server)
         try:
             return await server._get_logprobs_wrapper(input_ids=[5, 6, 7], top_k=2, **kwargs)
         finally:
@@ -235,11 +258,14 @@ def test_scoring_answers_that_are_not_strict_json_still_parse() -> None:
 
 @pytest.mark.parametrize("body, message", [
     (b"<html>busy</html>", "not JSON"),
-    (b'{"choices": [{"prompt_logprobs": [null, {"x": 1}]}]}', "unexpected scoring answer"),
+    (b'{"choices": [{"prompt_logprobs": [null, {"x": 1}]}]}', "unexpected answer"),
+    (b'{"choices": [{"prompt_logprobs": [null, {"6": {"logprob": -Infinity, "rank": "x"}}, "row"]}]}', "unexpected answer"),
     (b'{"choices": [{"prompt_logprobs": [null]}]}', "1 prompt-logprob rows for 3 tokens"),
 ])
 def test_malformed_scoring_answers_fail_with_a_clear_error(body: bytes, message: str) -> None:
     from opd.serving.vllm_client import ServerRequestError
 
+    servers: list = []
     with pytest.raises(ServerRequestError, match=message):
-        _score_against(body)
+        _score_against(body, servers)
+    assert servers[0].request_errors == 1  # counted in summary/server_request_errors

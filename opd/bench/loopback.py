@@ -133,16 +133,10 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
+    from opd.loop import loop_factory
+
     server = Loopback(args.latency, AutoTokenizer.from_pretrained(args.tokenizer), args.fail_every)
-    web.run_app(server.app(), host="127.0.0.1", port=args.port, print=None, access_log=None, backlog=4096, loop=_new_loop())
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
+    web.run_app(server.app(), host="127.0.0.1", port=args.port, print=None, access_log=None, backlog=4096, loop=(loop_factory() or asyncio.new_event_loop)())
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ class OPDBaseEnv(BaseEnv):
         )
         super().__init__(base_config, server_configs, slurm=False, testing=False)
         # atroposlib's manager polls every second for a free slot; ours waits for a release.
-        self.server = SlotServerManager(server_configs, server_class=self.server_cls)
+        self.server = SlotServerManager(server_configs, server_class=self.server_cls, reasoning_config=self.server.reasoning_config)
 
     async def setup(self) -> None:
         """Data is loaded before the env is built (opd.build); nothing to do here."""

@@ -45,10 +45,11 @@ class SlotServerManager(ServerManager):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._waiting: deque[asyncio.Future[None]] = deque()
+        # Every server, whatever its class, gets one pool for all its requests, and tells this
+        # manager when a slot frees (a waiter that is never told would wait forever).
         for server in self.servers:
-            for sem in {id(s): s for s in (getattr(server, "sem", None), getattr(server, "eval_sem", None))}.values():
-                if isinstance(sem, SlotSemaphore):
-                    sem.listeners.append(self._slot_freed)
+            server.sem = server.eval_sem = SlotSemaphore(server.config.num_max_requests_at_once)
+            server.sem.listeners.append(self._slot_freed)
 
     def _slot_freed(self) -> None:
         # Wake one waiter; it re-checks and, if another request took the slot first, waits again.

@@ -30,8 +30,6 @@ from atroposlib.envs.server_handling.server_baseline import APIServer, APIServer
 from openai.types.chat import ChatCompletion
 from openai.types.completion import Completion
 
-from opd.serving.slots import SlotSemaphore
-
 logger = logging.getLogger(__name__)
 
 
@@ -61,13 +59,16 @@ class _ScoringAnswer(msgspec.Struct):
 _JSON = {"Content-Type": "application/json"}
 
 
-def _decode(body: bytes, into: Any) -> Any:
+def _decode(body: bytes, into: Any = None) -> Any:
+    """The answer parsed (into the msgspec type `into`, if given). Raises ValueError when it is not
+    JSON, msgspec.ValidationError (a ValueError too) when it is JSON of another shape."""
     try:
-        return msgspec.json.decode(body, type=into) if into is not None else msgspec.json.decode(body)
+        return msgspec.json.decode(body, type=into or Any)
     except msgspec.DecodeError:
         # Not strict JSON (e.g. a bare -Infinity) or not the expected shape: the standard parser,
-        # whose result the caller checks field by field.
-        return json.loads(body)
+        # then the same typed conversion (which names the field that does not fit).
+        parsed = json.loads(body)
+        return parsed if into is None else msgspec.convert(parsed, into, strict=False)
 
 
 def normalise_topk_rows(tokens: list[int], rows: list[dict[Any, Any] | None], k: int) -> tuple[list[list[int]], list[list[float]], list[float | None]]:
@@ -107,8 +108,6 @@ class OpenAIVLLMServer(APIServer):
 
     def __init__(self, config: APIServerConfig, reasoning_config: Any = None) -> None:
         super().__init__(config, reasoning_config=reasoning_config)
-        # One pool of request slots for every request to this server (see opd.serving.slots).
-        self.sem = self.eval_sem = SlotSemaphore(config.num_max_requests_at_once)
         base = (config.base_url or "").rstrip("/")
         if not base:
             raise ValueError("OpenAIVLLMServer needs a base_url such as http://127.0.0.1:8000/v1")
@@ -155,6 +154,9 @@ class OpenAIVLLMServer(APIServer):
             raise ServerRequestError(f"POST {url} failed: {type(err).__name__}: {err}") from None
         try:
             return _decode(raw, into)
+        except msgspec.ValidationError as err:
+            self.request_errors += 1
+            raise ServerRequestError(f"POST {url} returned an unexpected answer: {err}; {raw[:200]!r}") from None
         except ValueError as err:
             self.request_errors += 1
             raise ServerRequestError(f"POST {url} answered with a body that is not JSON: {err}; {raw[:200]!r}") from None
@@ -221,15 +223,10 @@ class OpenAIVLLMServer(APIServer):
             "temperature": 0.0,
             "prompt_logprobs": top_k,
         }
-        data = await self._post("/completions", payload, into=_ScoringAnswer)
-        if not isinstance(data, _ScoringAnswer):  # parsed by the fallback: check its shape
-            try:
-                data = msgspec.convert(data, _ScoringAnswer, strict=False)
-            except msgspec.ValidationError as err:
-                raise ServerRequestError(f"{self.base_url}/completions returned an unexpected scoring answer: {err}") from None
-        choices = data.choices
-        rows = choices[0].prompt_logprobs if choices else None
+        data: _ScoringAnswer = await self._post("/completions", payload, into=_ScoringAnswer)
+        rows = data.choices[0].prompt_logprobs if data.choices else None
         if rows is None or len(rows) != len(prompt):
+            self.request_errors += 1
             raise ServerRequestError(f"{self.base_url}/completions returned {0 if rows is None else len(rows)} prompt-logprob rows for {len(prompt)} tokens")
         skipped = min(rows_from, len(rows))
         top_ids, top_lps, actual = normalise_topk_rows(list(prompt[skipped:]), rows[skipped:], top_k)
