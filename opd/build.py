@@ -1,19 +1,21 @@
-"""Turn the validated config into objects: the inference server(s), the dataset, the environment.
-
-The one place that knows every config group.
-"""
+"""Turn the validated config into objects: the model, the dataset, the inference servers and
+their pools, the environment, the tracer and the sinks. The one place that knows every group."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 from pathlib import Path
-from typing import Iterator
-
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from typing import Any, Iterator
 
 from opd.config import Config, ConfigError
+from opd.data.sources import TaskSet
+from opd.envs.base import OPDBaseEnv
+from opd.serving.pool import ServerPool
 from opd.serving.watch import ServerWatch
+from opd.sinks.base import Sink
+from opd.tracking.run import Tracker
+from opd.tracking.traces import Tracer
 
 logger = logging.getLogger(__name__)
 
@@ -27,56 +29,63 @@ def resolve_model(name: str) -> str:
     return name
 
 
-def local_server(cfg: Config, model: str, workdir: Path):
-    """A LocalVLLM (not started) with the settings of cfg.server."""
-    from opd.serving.local_vllm import LocalVLLM, LocalVLLMSettings
+def load_data(cfg: Config) -> TaskSet:
+    """The environment's dataset (loaded before any server starts, so bad paths fail first)."""
+    if cfg.env.name == "inline_math":
+        from opd.data.math_sets import load_math
 
-    return LocalVLLM(LocalVLLMSettings(
-        model=model,
-        served_model_name=model,
-        workdir=workdir,
-        dtype=cfg.server.dtype,
-        max_model_len=cfg.server.max_model_len,
-        max_logprobs=cfg.server.max_logprobs,
-        tool_call_parser=cfg.server.tool_call_parser,
-        cpu_kv_cache_gib=cfg.server.cpu_kv_cache_gib,
-        enforce_eager=cfg.server.enforce_eager,
-        startup_timeout_s=cfg.server.startup_timeout_s,
-        seed=cfg.seed,
-        extra_args=list(cfg.server.extra_args),
-    ))
+        if cfg.dataset.source == "humaneval":
+            raise ConfigError("dataset.source: humaneval holds coding tasks; env=inline_math needs math problems", "dataset.source")
+        data = load_math(cfg.dataset)
+    elif cfg.env.name == "opd_coding":
+        from opd.data.coding_sets import load_coding
+
+        data = load_coding(cfg.dataset)
+    else:
+        raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}", "env.name")
+    logger.info("dataset %s: %d train, %d eval items", data.source, len(data.train), len(data.eval))
+    return data
+
+
+def local_server(cfg: Config, model: str, workdir: Path) -> Any:
+    """A LocalVLLM (not started) with the settings of server=local."""
+    from opd.serving.local_vllm import LocalVLLM
+
+    return LocalVLLM(cfg.server, model, workdir, seed=cfg.seed)
 
 
 @contextlib.contextmanager
 def inference_servers(cfg: Config, model: str, workdir: Path, shared: list[str] | None = None) -> Iterator[tuple[list[str], ServerWatch]]:
     """Yield the /v1 base URLs to use (server=vllm's URLs, a sweep's shared server, or a local
     server started here and always stopped) and the watch that handles their outages."""
-    limits = {"max_restarts": cfg.server.max_restarts, "unreachable_timeout_s": cfg.server.unreachable_timeout_s}
+    wait = cfg.server.unreachable_timeout_s
     if cfg.server.kind == "vllm":
-        yield list(cfg.server.base_urls), ServerWatch(list(cfg.server.base_urls), **limits)
+        yield list(cfg.server.base_urls), ServerWatch(list(cfg.server.base_urls), unreachable_timeout_s=wait)
         return
     if shared:
         logger.info("using the sweep's shared inference server %s", ", ".join(shared))
-        yield list(shared), ServerWatch(list(shared), **limits)
+        yield list(shared), ServerWatch(list(shared), unreachable_timeout_s=wait)
         return
     with local_server(cfg, model, workdir) as server:
-        yield [server.base_url], ServerWatch([server.base_url], local=server, **limits)
+        yield [server.base_url], ServerWatch([server.base_url], local=server, max_restarts=cfg.server.max_restarts, unreachable_timeout_s=wait)
 
 
-def server_configs(cfg: Config, model: str, base_urls: list[str]) -> list[APIServerConfig]:
-    return [
-        APIServerConfig(
-            model_name=model,
-            base_url=url,
-            api_key=cfg.server.api_key,
-            timeout=int(max(1, cfg.server.request_timeout_s)),
-            num_max_requests_at_once=cfg.server.max_requests_in_flight,
-            num_requests_for_eval=cfg.server.max_requests_in_flight,
-            server_type="vllm",
-            health_check=False,
-        )
-        for url in base_urls
-    ]
+def server_pool(cfg: Config, model: str, base_urls: list[str]) -> ServerPool:
+    """The policy's servers: `server.max_requests_in_flight` slots each, `server.max_attempts` tries."""
+    from opd.serving.vllm_client import VLLMClient
+
+    clients = [VLLMClient(url, model, cfg.server.api_key, cfg.server.request_timeout_s) for url in base_urls]
+    return ServerPool(clients, cfg.server.max_requests_in_flight, cfg.server.max_attempts)
+
+
+def judge_pool(cfg: Config) -> ServerPool | None:
+    """judge=server's own server (None: the judge uses the policy's pool)."""
+    if cfg.judge.kind != "server":
+        return None
+    from opd.serving.vllm_client import VLLMClient
+
+    client = VLLMClient(cfg.judge.base_url, cfg.judge.model, cfg.judge.api_key, cfg.server.request_timeout_s)
+    return ServerPool([client], cfg.server.max_requests_in_flight, cfg.server.max_attempts)
 
 
 def groups_in_flight(cfg: Config, servers: int) -> int:
@@ -88,52 +97,47 @@ def groups_in_flight(cfg: Config, servers: int) -> int:
     return groups_to_fill(cfg.server.max_requests_in_flight * servers, cfg.group_size, cfg.runner.oversubscribe)
 
 
-def load_data(cfg: Config):
-    """The environment's dataset (loaded before any server starts, so bad paths fail first)."""
-    if cfg.env.name == "inline_math":
-        from opd.data.math_sets import load_math
-
-        if cfg.dataset.source == "humaneval":
-            raise ConfigError("dataset.source: humaneval holds coding tasks; env=inline_math needs math problems")
-        data = load_math(cfg.dataset)
-    elif cfg.env.name == "opd_coding":
-        from opd.data.coding_sets import load_coding
-
-        data = load_coding(cfg.dataset)
-    else:
-        raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}")
-    logger.info("dataset %s: %d train, %d eval items", data.source, len(data.train), len(data.eval))
-    return data
+def tracer(cfg: Config, tracker: Tracker | None) -> Tracer:
+    """MLflow traces when tracking.traces is on and the run is small enough; else a no-op tracer."""
+    if tracker is None or not cfg.tracking.traces:
+        return Tracer.off()
+    rollouts = cfg.total_steps * cfg.group_size
+    if cfg.mode == "evaluate":
+        logger.warning("tracking.traces: evaluation rollouts are not traced (only train/serve)")
+        return Tracer.off()
+    if rollouts > cfg.tracking.traces_max_rollouts:
+        logger.warning("tracking.traces: off, this run makes %d rollouts > tracking.traces_max_rollouts=%d", rollouts, cfg.tracking.traces_max_rollouts)
+        return Tracer.off()
+    return Tracer(True, tracker.experiment_id)
 
 
-def judge_server(cfg: Config):
-    """A ServerManager for judge=server (None: the judge uses the policy's server)."""
-    if cfg.judge.kind != "server":
-        return None
-    from opd.serving.slots import SlotServerManager
-    from opd.serving.vllm_client import OpenAIVLLMServer
-
-    config = APIServerConfig(
-        model_name=cfg.judge.model, base_url=cfg.judge.base_url, api_key=cfg.judge.api_key,
-        timeout=int(max(1, cfg.server.request_timeout_s)), server_type="vllm", health_check=False,
-    )
-    return SlotServerManager([config], server_class=OpenAIVLLMServer)
-
-
-def build_env(cfg: Config, data, model: str, base_urls: list[str]):
-    """The configured environment over the given servers."""
-    common = {
-        "tokenizer_path": model,
-        "server_configs": server_configs(cfg, model, base_urls),
-        "max_model_len": cfg.server.max_model_len,
-        "seed": cfg.seed,
-    }
+def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None) -> OPDBaseEnv:
+    """The configured environment over `pool` (and `judge`, judge=server's own pool)."""
+    common = {"data": data, "pool": pool, "tokenizer_path": model, "group_size": cfg.group_size,
+              "max_model_len": cfg.server.max_model_len, "seed": cfg.seed, "tracer": tracer}
     if cfg.env.name == "inline_math":
         from opd.envs.inline_math import InlineMathEnv
 
-        return InlineMathEnv(cfg.env, cfg.reward, data, **common)
+        return InlineMathEnv(cfg.env, cfg.reward, **common)
     if cfg.env.name == "opd_coding":
         from opd.envs.opd_coding import OPDCodingEnv
 
-        return OPDCodingEnv(cfg.env, cfg.reward, cfg.judge, data, judge_server=judge_server(cfg), **common)
-    raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}")
+        return OPDCodingEnv(cfg.env, cfg.reward, cfg.judge, judge_pool=judge, **common)
+    raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}", "env.name")
+
+
+def sinks(cfg: Config, groups_path: Path, tracker: Tracker | None, tokenizer: Any) -> list[Sink]:
+    """Where groups go, in order: the JSONL file, MLflow (when tracking), the Atropos trainer API
+    (mode=serve)."""
+    from opd.sinks.jsonl import GroupFile
+
+    out: list[Sink] = [GroupFile(groups_path, fsync=cfg.runner.fsync)]
+    if tracker is not None:
+        from opd.sinks.mlflow import MlflowMetrics
+
+        out.append(MlflowMetrics(tracker, groups_path, tokenizer, upload_data=cfg.tracking.log_data_artifacts))
+    if cfg.mode == "serve":
+        from opd.sinks.atropos import AtroposTrainer
+
+        out.append(AtroposTrainer(cfg.serve, cfg.group_size, cfg.server.max_model_len))
+    return out

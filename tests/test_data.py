@@ -68,10 +68,10 @@ def test_bad_sources_fail_with_the_key_named(tmp_path, monkeypatch, overrides: l
 def run_tests(task: dict, solution: str) -> str:
     import asyncio
 
-    from opd.tools.sandbox import SandboxLimits
+    from conftest import sandbox_limits
     from opd.tools.workspace import Workspace
 
-    workspace = Workspace(SandboxLimits(timeout_s=20))
+    workspace = Workspace(sandbox_limits(timeout_s=20))
     try:
         workspace.write_file("solution.py", solution)
         workspace.write_file("t.py", task["test_code"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,8 +13,7 @@ from opd.distill.judge import choose_hint, decide
 from opd.distill.judge_prompt import Vote, parse_vote
 from opd.distill.teacher import with_hint
 from opd.distill.turn_pairs import turn_pairs
-from opd.envs.base import Sequence
-from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, MASKED_LOGPROB, check_group
+from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, MASKED_LOGPROB, Sequence, check_group
 
 
 @pytest.mark.parametrize(
@@ -31,11 +32,27 @@ def test_parse_vote(text: str, decision: int | None, hint: str) -> None:
     assert parse_vote(text) == Vote(decision, hint)
 
 
-@settings(max_examples=300, deadline=500)
+VERDICT = st.sampled_from(["\\boxed{1}", "\\boxed{-1}", "\\boxed{ -1 }", "\\boxed{2}", "\\boxed{}"])
+NOISE = st.text(alphabet=st.characters(blacklist_characters="\\[]{}"), max_size=40)
+HINT = st.text(alphabet=st.characters(blacklist_characters="\\[]"), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(VERDICT, NOISE, HINT.map(lambda h: f"[HINT_START]{h}[HINT_END]")), max_size=12))
+def test_parse_vote_takes_the_last_verdict_and_the_last_hint(parts: list[str]) -> None:
+    vote = parse_vote("".join(parts))
+    verdicts = [p for p in parts if p.startswith("\\boxed") and p.replace(" ", "") in ("\\boxed{1}", "\\boxed{-1}")]
+    hints = [p[len("[HINT_START]"):-len("[HINT_END]")] for p in parts if p.startswith("[HINT_START]")]
+    assert vote.decision == (int(verdicts[-1].replace(" ", "")[7:-1]) if verdicts else None)
+    assert vote.hint == (hints[-1].strip() if hints else "")
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.text(max_size=3000))
 def test_parse_vote_never_raises(text: str) -> None:
     vote = parse_vote(text)
-    assert vote.decision in (1, -1, None)
+    # Whatever the text, a decision is only ever read from a verdict that is in it.
+    assert vote.decision is None or f"{{{vote.decision}}}" in re.sub(r"\s", "", text)
 
 
 def votes(*decisions: int | None, hints: tuple[str, ...] = ()) -> list[Vote]:

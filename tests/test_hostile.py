@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
-from opd.tools.sandbox import SandboxLimits, _pids_cgroup_root, remove_stale_cgroups, run_python, sandbox_plan
+from conftest import ROOT, sandbox_limits
+from opd.tools.sandbox import _pids_cgroup_root, remove_stale_cgroups, run_python, sandbox_plan
+from opd.tools import workspace as workspace_tools
+from opd.tools.registry import Toolbox
 from opd.tools.workspace import Workspace
 
-LIMITS = SandboxLimits(timeout_s=3, cpu_s=3, memory_mb=512, file_size_mb=8, max_processes=16, output_chars=500)
+LIMITS = sandbox_limits(timeout_s=3, cpu_s=3, memory_mb=512, file_size_mb=8, max_processes=16, output_chars=500)
 ESCAPE = ROOT / "opd-hostile-escape.txt"
 SECRET = "opd-hostile-secret-7f3a"
 LAUNCHER = os.getpid()
@@ -106,15 +108,20 @@ def test_python_tool_contains_and_reports(name: str) -> None:
 def test_agent_terminal_contains_and_reports(name: str) -> None:
     _check_skip(name)
     workspace = Workspace(LIMITS, max_file_chars=5000)
+    tools = Toolbox(workspace_tools.TOOLS, workspace)
+
+    def call(tool: str, **arguments: str) -> str:
+        return asyncio.run(tools.run(tool, arguments)).as_text()
+
     try:
-        assert asyncio.run(workspace.call("write_file", {"path": "evil.py", "content": program(name)})).startswith("wrote")
-        output = asyncio.run(workspace.call("terminal", {"command": "python evil.py"}))
+        assert call("write_file", path="evil.py", content=program(name)).startswith("wrote")
+        output = call("terminal", command="python evil.py")
         status = re.search(r"\[(exit code (-?\d+)|timed out after [\d.]+ s)\]$", output)
         assert status is not None, output[-300:]
         assert status.group(2) != "0", output[-300:]
         assert len(output) <= 2 * LIMITS.output_chars + 200
         assert SECRET not in output
-        assert asyncio.run(workspace.call("terminal", {"command": "echo fine"})) == "fine\n[exit code 0]"
+        assert call("terminal", command="echo fine") == "fine\n[exit code 0]"
     finally:
         workspace.close()
 
@@ -165,7 +172,7 @@ def test_parsers_survive_pathological_text_quickly(parser_name: str, text_name: 
 ADVERSARIAL = st.lists(st.sampled_from(["{", "}", "[", "]", '"', "\\", "\\boxed", "<tool_call>", "</tool_call>", "</think>", "**", "(", ")", "9", ":", ",", "name", "arguments", "\n", "\\boxed{1}", "\\boxed{-1}"]), max_size=3000).map("".join)
 
 
-@settings(max_examples=150, deadline=1000)
+@settings(max_examples=150, deadline=None)
 @given(ADVERSARIAL)
 def test_parsers_never_raise_on_adversarial_token_soup(text: str) -> None:
     for parse, allowed in PARSERS.values():

@@ -10,55 +10,26 @@ import asyncio
 import json
 
 import pytest
-from atroposlib.envs.server_handling.server_baseline import APIServer, APIServerConfig
 
 from conftest import compose
 from opd.config import validate
 from opd.data.sources import TaskSet
-from opd.envs.inline_math import InlineMathEnv
 from opd.records import MASK, MASKED_LOGPROB, check_group
-
-
-class ScriptedServer(APIServer):
-    """Answers tokens_and_logprobs requests from a queue of (text, finish_reason) replies."""
-
-    script: list[tuple[str, str]] = []
-    tokenizer = None
-    prompts: list[list[int]] = []
-
-    async def check_server_status_task(self, chat_completion: bool = True) -> None:
-        self.server_healthy = True
-
-    async def _completion_wrapper(self, **kwargs):
-        raise NotImplementedError
-
-    async def _chat_completion_wrapper(self, **kwargs):
-        raise NotImplementedError
-
-    async def _tokens_and_logprobs_completion_wrapper(self, **kwargs):
-        prompt = kwargs["input_ids"]
-        ScriptedServer.prompts.append(list(prompt))
-        text, finish = ScriptedServer.script.pop(0)
-        ids = ScriptedServer.tokenizer.encode(text, add_special_tokens=False)
-        ids = ids[: kwargs["max_tokens"]]
-        return prompt, [ids], [[-0.25] * len(ids)], [finish]
-
-
-class ScriptedMathEnv(InlineMathEnv):
-    server_cls = ScriptedServer
+from scripted import ScriptedClient, build_env, text_generator
 
 
 @pytest.fixture
 def make_env(fixture_model: str, tokenizer):
-    ScriptedServer.tokenizer = tokenizer
-    ScriptedServer.prompts = []
+    made: list[ScriptedClient] = []
 
-    def build(script: list[tuple[str, str]], overrides: list[str] | None = None) -> ScriptedMathEnv:
-        ScriptedServer.script = list(script)
+    def build(script: list[tuple[str, str]], overrides: list[str] | None = None):
+        client = ScriptedClient(generate=text_generator(tokenizer, script))
+        made.append(client)
         cfg = validate(compose(["group_size=1", *(overrides or [])]))
         data = TaskSet(train=[{"id": "t0", "problem": "What is 2 + 3?", "answer": "5"}], eval=[], source="test")
-        configs = [APIServerConfig(model_name="m", base_url="http://scripted/v1", api_key="x", health_check=False)]
-        return ScriptedMathEnv(cfg.env, cfg.reward, data, tokenizer_path=fixture_model, server_configs=configs, max_model_len=4096, seed=0)
+        env = build_env(cfg, data, fixture_model, client)
+        env.client = client
+        return env
 
     return build
 
@@ -67,22 +38,10 @@ CALL = '<think>\nI will compute 2 + 3.\n<tool_call>\n{"name": "calculator", "arg
 ANSWER = "The tool gives 5.\n</think>\n\nThe answer is \\boxed{5}.<|im_end|>"
 
 
-def collect(env: ScriptedMathEnv) -> dict:
+def collect(env) -> dict:
     item = asyncio.run(env.get_next_item())
     group, _ = asyncio.run(env.collect_trajectories(item))
     return group
-
-
-def test_the_env_sends_requests_through_one_slot_pool_per_server(make_env) -> None:
-    # Our manager replaces atroposlib's; it keeps what atroposlib gave its own (the env's
-    # reasoning settings, the server class) and gives each server one pool for both splits.
-    from opd.serving.slots import SlotSemaphore, SlotServerManager
-
-    env = make_env([])
-    assert isinstance(env.server, SlotServerManager)
-    assert env.server.reasoning_config is not None and env.server.reasoning_config.enabled == env.config.thinking_mode
-    (server,) = env.server.servers
-    assert isinstance(server, ScriptedServer) and isinstance(server.sem, SlotSemaphore) and server.eval_sem is server.sem
 
 
 def test_tool_response_is_inserted_masked_and_generation_continues(make_env, tokenizer) -> None:
@@ -90,9 +49,9 @@ def test_tool_response_is_inserted_masked_and_generation_continues(make_env, tok
     group = collect(env)
     assert check_group(group) == []
     tokens, masks, logprobs = group["tokens"][0], group["masks"][0], group["inference_logprobs"][0]
-    prompt = ScriptedServer.prompts[0]
+    prompt = env.client.prompts[0]
     # The second request continues from exactly: prompt + sampled ids + inserted response ids.
-    second = ScriptedServer.prompts[1]
+    second = env.client.prompts[1]
     assert second == tokens[: len(second)] and second[: len(prompt)] == prompt
     call_ids = tokenizer.encode(CALL, add_special_tokens=False)
     assert tokens[len(prompt) : len(prompt) + len(call_ids)] == call_ids
@@ -105,7 +64,8 @@ def test_tool_response_is_inserted_masked_and_generation_continues(make_env, tok
     # </tool_call> appears once: the sampled id, not appended again.
     assert tokens[len(prompt) :].count(tokenizer.convert_tokens_to_ids("</tool_call>")) == 1
     assert group["scores"] == [pytest.approx(1.2)]
-    assert group["overrides"][0]["reward_signals"] == {"correctness": 1.0, "tool_use": pytest.approx(0.2), "format": 0.0}
+    # Raw signal values (the weights make the score): correct, with a tool, well formed.
+    assert group["overrides"][0]["reward_signals"] == {"correct": 1.0, "incorrect": 0.0, "tool_use": 1.0, "format_violation": 0.0}
 
 
 def test_malformed_call_gets_an_error_result_and_the_rollout_goes_on(make_env, tokenizer) -> None:
@@ -169,6 +129,6 @@ def test_successes_feed_the_dynamic_pool(make_env) -> None:
     env = make_env([(CALL, "stop"), (ANSWER, "stop"), (CALL, "stop"), (ANSWER, "stop")])
     collect(env)
     assert len(env.dynamic_pool) == 1 and env.dynamic_pool[0][0] == "What is 2 + 3?"
-    before = len(ScriptedServer.prompts[0])
+    before = len(env.client.prompts[0])
     collect(env)
-    assert len(ScriptedServer.prompts[2]) > before  # the pool example is now in the prompt
+    assert len(env.client.prompts[2]) > before  # the pool example is now in the prompt

@@ -11,13 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
 from conftest import ROOT, compose
 from opd.records import MASK, check_group, read_groups
 from opd.serving.local_vllm import free_port
 from opd.serving.watch import ServerLost
-from opd.serving.vllm_client import OpenAIVLLMServer, ServerRequestError
+from opd.serving.vllm_client import ServerRequestError, VLLMClient
 
 pytestmark = pytest.mark.vllm
 
@@ -53,19 +52,19 @@ def test_three_groups_line_up_with_the_server_and_land_in_mlflow(tmp_path, fixtu
         assert check_group(group) == []
         assert len(group["tokens"]) == 4
     # The stored logprobs are the server's: rescoring the exact ids gives the same values.
-    server = OpenAIVLLMServer(APIServerConfig(model_name=fixture_model, base_url=vllm_url, api_key="x", timeout=60))
+    server = VLLMClient(vllm_url, fixture_model, timeout_s=60)
     tokens, masks, stored = groups[0]["tokens"][0], groups[0]["masks"][0], groups[0]["inference_logprobs"][0]
 
-    async def rescore() -> dict:
+    async def rescore():
         try:
-            return await server.get_logprobs(input_ids=tokens, top_k=1)
+            return await server.score(tokens, 1)
         finally:
             await server.close()
 
     scored = asyncio.run(rescore())
     generated = [i for i, m in enumerate(masks) if m != MASK]
     assert generated and all(masks[i] == tokens[i] for i in generated)
-    diffs = sorted(abs(scored["prompt_token_logprobs"][i] - stored[i]) for i in generated)
+    diffs = sorted(abs(scored.token_logprobs[i] - stored[i]) for i in generated)
     assert diffs[len(diffs) // 2] < 0.02 and diffs[-1] < 0.3, diffs[-5:]
 
     client, run = only_run(tmp_path)
@@ -77,7 +76,7 @@ def test_three_groups_line_up_with_the_server_and_land_in_mlflow(tmp_path, fixtu
     history = client.get_metric_history(run.info.run_id, "reward/mean")
     assert [m.step for m in history] == [1, 2, 3]
     assert objective == pytest.approx(sum(m.value for m in history) / 3)
-    assert {"accuracy", "tool_use_rate", "runner/groups_per_s", "reward/correctness"} <= set(run.data.metrics)
+    assert {"accuracy", "tool_use_rate", "runner/groups_per_s", "reward/correct", "reward/format_violation"} <= set(run.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "data")} | {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "data/groups.jsonl", "data/groups.html"} <= artifacts
     assert (tmp_path / "run" / "config.yaml").read_text().startswith("env:")
@@ -92,46 +91,45 @@ def test_evaluate_mode_logs_eval_metrics(tmp_path, fixture_model, vllm_url) -> N
 
 
 def test_topk_rows_are_normalised_to_exactly_k(fixture_model, vllm_url, tokenizer) -> None:
-    server = OpenAIVLLMServer(APIServerConfig(model_name=fixture_model, base_url=vllm_url, api_key="x", timeout=60))
+    server = VLLMClient(vllm_url, fixture_model, timeout_s=60)
     ids = tokenizer.encode("<think>\nI will compute 2 + 3.\n</think> The answer is \\boxed{5}.")
-    result = asyncio.run(server.get_logprobs(input_ids=ids, top_k=5))  # a fresh loop: a fresh session
-    assert result["prompt_topk_token_ids"][0] == [] and result["prompt_token_logprobs"][0] is None
-    for row_ids, row_lps, actual in zip(result["prompt_topk_token_ids"][1:], result["prompt_topk_logprobs"][1:], result["prompt_token_logprobs"][1:]):
+    result = asyncio.run(server.score(ids, 5))  # a fresh loop: a fresh session
+    assert result.top_ids[0] == [] and result.token_logprobs[0] is None
+    for row_ids, row_lps, actual in zip(result.top_ids[1:], result.top_logprobs[1:], result.token_logprobs[1:]):
         assert len(row_ids) == len(row_lps) == 5
         assert row_lps == sorted(row_lps, reverse=True) and actual is not None and actual <= row_lps[0] + 1e-6
 
 
 def test_scoring_only_the_rows_asked_for_gives_the_same_rows(fixture_model, vllm_url, tokenizer) -> None:
     # Teacher scoring reads only the student's turn: rows before `rows_from` are left empty.
-    server = OpenAIVLLMServer(APIServerConfig(model_name=fixture_model, base_url=vllm_url, api_key="x", timeout=60))
+    server = VLLMClient(vllm_url, fixture_model, timeout_s=60)
     ids = tokenizer.encode("<think>\nI will compute 2 + 3.\n</think> The answer is \\boxed{5}.")
     start = len(ids) // 2
 
-    async def both() -> tuple[dict, dict]:
+    async def both():
         try:
-            return await server.get_logprobs(input_ids=ids, top_k=5), await server.get_logprobs(input_ids=ids, top_k=5, rows_from=start)
+            return await server.score(ids, 5), await server.score(ids, 5, rows_from=start)
         finally:
             await server.close()
 
     full, part = asyncio.run(both())
-    assert part["prompt_topk_token_ids"][:start] == [[]] * start and part["prompt_token_logprobs"][:start] == [None] * start
-    assert all(len(part[key]) == len(ids) for key in ("prompt_topk_token_ids", "prompt_topk_logprobs", "prompt_token_logprobs"))
+    assert part.top_ids[:start] == [[]] * start and part.token_logprobs[:start] == [None] * start
+    assert len(part.top_ids) == len(part.top_logprobs) == len(part.token_logprobs) == len(ids)
     for position in range(start, len(ids)):
-        assert part["prompt_token_logprobs"][position] == pytest.approx(full["prompt_token_logprobs"][position], abs=0.02)
-        assert part["prompt_topk_logprobs"][position] == pytest.approx(full["prompt_topk_logprobs"][position], abs=0.02)
+        assert part.token_logprobs[position] == pytest.approx(full.token_logprobs[position], abs=0.02)
+        assert part.top_logprobs[position] == pytest.approx(full.top_logprobs[position], abs=0.02)
         # Ids agree except where near-equal logprobs may swap places between two scorings.
-        assert sum(a != b for a, b in zip(part["prompt_topk_token_ids"][position], full["prompt_topk_token_ids"][position])) <= 2
+        assert sum(a != b for a, b in zip(part.top_ids[position], full.top_ids[position])) <= 2
 
     async def too_many() -> None:
         try:
-            await server.get_logprobs(input_ids=ids, top_k=21)
+            await server.score(ids, 21)
         finally:
             await server.close()
 
-    with pytest.raises(Exception) as info:
+    with pytest.raises(ServerRequestError) as info:
         asyncio.run(too_many())
-    cause = info.value.last_attempt.exception() if hasattr(info.value, "last_attempt") else info.value
-    assert isinstance(cause, ServerRequestError) and cause.status == 400 and "max allowed: 20" in str(cause)
+    assert info.value.status == 400 and not info.value.retryable and "max allowed: 20" in str(info.value)
 
 
 def test_a_server_that_is_down_fails_the_run_clearly(tmp_path, fixture_model) -> None:

@@ -10,16 +10,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from openai.types.chat import ChatCompletion
 
 from conftest import compose
+from opd.agent.tool_calls import tool_call_text
 from opd.config import ConfigError, validate
 from opd.data.sources import TaskSet
-from opd.envs import coding_prompt
-from opd.envs.opd_coding import OPDCodingEnv
 from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, check_group
-from opd.serving.vllm_client import OpenAIVLLMServer, ServerRequestError
+from opd.serving.vllm_client import Generation, PromptScores, ServerRequestError
+from scripted import ScriptedClient, build_env
 
 TASK = {
     "id": "t-add3",
@@ -32,73 +30,54 @@ HINT = "The assertion add_3(1) == 4 fails: return x + 3, not x + 4."
 
 
 def call(name: str, **arguments: str) -> str:
-    return coding_prompt.tool_call_text(name, arguments)
+    return tool_call_text(name, arguments)
 
 
 RUN = call("terminal", command="python test_solution.py")
 
 
-class Scripted(OpenAIVLLMServer):
-    """Our real server class with its HTTP calls replaced by a script."""
+class Script:
+    """The scripted server: assistant turns from a queue, a judge that reads the next state, and
+    deterministic teacher rows; failures on demand."""
 
-    turns: list[str] = []
-    tokenizer = None
-    judge_fails = False
-    scoring_error: Exception | None = None
-    scored_inputs: list[list[int]] = []
-    judge_requests: list[dict] = []
+    def __init__(self, tokenizer, turns: list[str]) -> None:
+        self.tokenizer, self.turns = tokenizer, list(turns)
+        self.judge_fails = False
+        self.scoring_error: Exception | None = None
 
-    async def check_server_status_task(self, chat_completion: bool = True) -> None:
-        self.server_healthy = True
+    def generate(self, prompt_ids, *, max_tokens, stop=None) -> Generation:
+        ids = self.tokenizer.encode(self.turns.pop(0) + "<|im_end|>", add_special_tokens=False)
+        return Generation(ids, [-0.5] * len(ids), "stop")
 
-    async def _completion_wrapper(self, **kwargs):
-        raise NotImplementedError
+    def chat(self, messages, n) -> list[str]:
+        if self.judge_fails:
+            raise ServerRequestError("judge down", 503)
+        state = messages[-1]["content"]
+        return [f"\\boxed{{1}}\n[HINT_START]{HINT}[HINT_END]" if "AssertionError" in state else "\\boxed{-1}"] * n
 
-    async def _tokens_and_logprobs_completion_wrapper(self, **kwargs):
-        ids = Scripted.tokenizer.encode(Scripted.turns.pop(0) + "<|im_end|>", add_special_tokens=False)
-        return kwargs["input_ids"], [ids], [[-0.5] * len(ids)], ["stop"]
-
-    async def _chat_completion_wrapper(self, **kwargs) -> ChatCompletion:
-        Scripted.judge_requests.append(kwargs)
-        if Scripted.judge_fails:
-            raise ConnectionError("judge down")
-        state = kwargs["messages"][-1]["content"]
-        text = f"\\boxed{{1}}\n[HINT_START]{HINT}[HINT_END]" if "AssertionError" in state else "\\boxed{-1}"
-        choices = [{"index": i, "finish_reason": "stop", "message": {"role": "assistant", "content": text}} for i in range(kwargs["n"])]
-        return ChatCompletion.model_validate({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": choices})
-
-    async def _get_logprobs_wrapper(self, **kwargs):
-        ids, k = kwargs["input_ids"], kwargs["top_k"]
-        if Scripted.scoring_error is not None:
-            raise Scripted.scoring_error
-        Scripted.scored_inputs.append(list(ids))
+    def score(self, ids, k) -> PromptScores:
+        if self.scoring_error is not None:
+            raise self.scoring_error
         rows = [[(t + j) % 4000 for j in range(k)] for t in ids]
         lps = [[-0.1 * (j + 1) for j in range(k)] for _ in ids]
-        return {"prompt_tokens": ids, "prompt_topk_token_ids": [[]] + rows[1:], "prompt_topk_logprobs": [[]] + lps[1:],
-                "prompt_token_logprobs": [None] + [-0.1] * (len(ids) - 1)}
-
-
-class ScriptedCodingEnv(OPDCodingEnv):
-    server_cls = Scripted
+        return PromptScores([[]] + rows[1:], [[]] + lps[1:], [None] + [-0.1] * (len(ids) - 1))
 
 
 @pytest.fixture
 def make_env(fixture_model: str, tokenizer):
-    Scripted.tokenizer = tokenizer
-    Scripted.judge_fails, Scripted.scoring_error = False, None
-    Scripted.scored_inputs, Scripted.judge_requests = [], []
-
-    def build(turns: list[str], overrides: list[str] | None = None) -> ScriptedCodingEnv:
-        Scripted.turns = list(turns)
+    def build(turns: list[str], overrides: list[str] | None = None):
+        script = Script(tokenizer, turns)
+        client = ScriptedClient(generate=script.generate, chat=script.chat, score=script.score)
         cfg = validate(compose(["env=opd_coding", "group_size=1", "distill_topk=4", "judge_votes=3", *(overrides or [])]))
-        configs = [APIServerConfig(model_name="m", base_url="http://scripted/v1", api_key="x", health_check=False)]
         data = TaskSet(train=[TASK], eval=[TASK], source="test")
-        return ScriptedCodingEnv(cfg.env, cfg.reward, cfg.judge, data, tokenizer_path=fixture_model, server_configs=configs, max_model_len=4096, seed=0)
+        env = build_env(cfg, data, fixture_model, client, max_attempts=1)
+        env.script, env.client = script, client
+        return env
 
     return build
 
 
-def collect(env: ScriptedCodingEnv) -> dict:
+def collect(env) -> dict:
     group, _ = asyncio.run(env.collect_trajectories(TASK))
     assert check_group(group) == []
     return group
@@ -186,9 +165,9 @@ def test_hinted_turn_carries_teacher_rows_on_its_own_tokens(make_env, tokenizer)
     assert [r["decision"] for r in records] == [-1, 1, -1, -1] and records[1]["votes"] == [1, 1, 1]
     assert records[1]["hint"] == HINT and records[1]["scored"] and not records[0]["scored"]
     # One judge request per pair, all votes in it.
-    assert len(Scripted.judge_requests) == 4 and all(r["n"] == 3 for r in Scripted.judge_requests)
+    assert len(env.client.chats) == 4 and all(r["n"] == 3 for r in env.client.chats)
     # The teacher saw the hinted context followed by exactly the student's ids of that turn.
-    (scored,) = Scripted.scored_inputs[-1:]
+    (scored,) = env.client.scored[-1:]
     start, end = turns[1]
     student = group["tokens"][0][start:end]
     assert scored[-len(student):] == student
@@ -209,7 +188,7 @@ def test_hinted_turn_carries_teacher_rows_on_its_own_tokens(make_env, tokenizer)
 
 def test_judge_and_scoring_failures_are_counted_and_the_group_stays_valid(make_env, caplog) -> None:
     env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."])
-    Scripted.judge_fails = True
+    env.script.judge_fails = True
     group = collect(env)
     records = group["overrides"][0]["opd_turns"]
     assert all(r["error"] and "judge down" in r["error"] for r in records)
@@ -218,7 +197,7 @@ def test_judge_and_scoring_failures_are_counted_and_the_group_stays_valid(make_e
     assert sum("OPD judge failed" in r.message for r in caplog.records) == 1  # logged once, counted always
 
     env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."])
-    Scripted.judge_fails, Scripted.scoring_error = False, ServerRequestError("HTTP 500", 500)
+    env.script.scoring_error = ServerRequestError("HTTP 500", 500)
     group = collect(env)
     assert group["overrides"][0]["opd_turns"][1]["hint"] == HINT and "HTTP 500" in group["overrides"][0]["opd_turns"][1]["error"]
     assert env.group_metrics(group)["opd/scoring_failures"] == 1
@@ -226,7 +205,7 @@ def test_judge_and_scoring_failures_are_counted_and_the_group_stays_valid(make_e
 
 def test_k_above_the_server_limit_fails_before_generation(make_env) -> None:
     env = make_env([])
-    Scripted.scoring_error = ServerRequestError("Requested prompt logprobs of 4, which is greater than max allowed: 2", 400)
+    env.script.scoring_error = ServerRequestError("Requested prompt logprobs of 4, which is greater than max allowed: 2", 400)
     with pytest.raises(ConfigError, match="distill_topk=4 is refused"):
         asyncio.run(env.setup())
 
@@ -234,4 +213,4 @@ def test_k_above_the_server_limit_fails_before_generation(make_env) -> None:
 def test_opd_disabled_writes_plain_records(make_env) -> None:
     env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."], ["env.opd.enabled=false"])
     group = collect(env)
-    assert "distill_token_ids" not in group and Scripted.judge_requests == []
+    assert "distill_token_ids" not in group and env.client.chats == []

@@ -6,15 +6,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 
 from conftest import compose
 from opd.config import ConfigError
 from opd.distill.teacher import with_hint
 from opd.envs import coding_prompt
 from opd.records import DISTILL_PAD_ID, check_group, read_groups
-from opd.serving.vllm_client import OpenAIVLLMServer
-from opd.validate import validate_file
+from opd.serving.vllm_client import VLLMClient
+from opd.records.__main__ import check_file as validate_file
 
 pytestmark = pytest.mark.vllm
 K = 20
@@ -81,11 +80,11 @@ def test_stored_rows_equal_a_fresh_teacher_scoring(opd_run: Path, fixture_model:
     prompt = tokenizer.apply_chat_template(with_hint(context, turn["hint"], "last_user"), tools=coding_prompt.TOOLS, add_generation_prompt=True, tokenize=False)
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     student = group["tokens"][seq][start:end]
-    server = OpenAIVLLMServer(APIServerConfig(model_name=fixture_model, base_url=vllm_url, api_key="x", timeout=60))
+    server = VLLMClient(vllm_url, fixture_model, timeout_s=60)
 
-    async def score() -> dict:
+    async def score():
         try:
-            return await server.get_logprobs(input_ids=prompt_ids + student, top_k=K)
+            return await server.score(prompt_ids + student, K)
         finally:
             await server.close()
 
@@ -94,7 +93,7 @@ def test_stored_rows_equal_a_fresh_teacher_scoring(opd_run: Path, fixture_model:
     differences: list[float] = []
     for j, position in enumerate(range(start, end)):
         stored_ids, stored_lps = group["distill_token_ids"][seq][position], group["distill_logprobs"][seq][position]
-        fresh_ids, fresh_lps = fresh["prompt_topk_token_ids"][offset + j], fresh["prompt_topk_logprobs"][offset + j]
+        fresh_ids, fresh_lps = fresh.top_ids[offset + j], fresh.top_logprobs[offset + j]
         # The run scored this turn inside a batch of other requests, this lone request does not:
         # vLLM's kernels then round the bf16 logits differently, by up to one bf16 step.
         assert stored_lps == pytest.approx(fresh_lps, abs=BF16_STEP)
@@ -102,7 +101,7 @@ def test_stored_rows_equal_a_fresh_teacher_scoring(opd_run: Path, fixture_model:
         # Ids agree except where near-equal logprobs may swap order.
         assert sum(a != b for a, b in zip(stored_ids, fresh_ids)) <= K // 2
         assert stored_ids[0] == fresh_ids[0] or abs(stored_lps[0] - stored_lps[1]) < BF16_STEP
-        assert group["overrides"][seq]["teacher_logprobs"][position] == pytest.approx(fresh["prompt_token_logprobs"][offset + j], abs=BF16_STEP)
+        assert group["overrides"][seq]["teacher_logprobs"][position] == pytest.approx(fresh.token_logprobs[offset + j], abs=BF16_STEP)
     # Rounding moves a few values; a row from the wrong position or context would move most of them.
     assert sum(differences) / len(differences) < 0.01
     # Positions just outside the turn carry no teacher rows.

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from opd.records import MASK, MASKED_LOGPROB, GroupWriter, check_group, read_groups
+from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, MASKED_LOGPROB, RULES, GroupWriter, check_group, is_valid, read_groups
 
 
 def good_group() -> dict:
@@ -53,22 +57,22 @@ def test_writer_flushes_each_group_and_handles_numpy(tmp_path) -> None:
     assert len(list(read_groups(path))) == 2
 
 
-def test_validate_cli_reports_bad_files(tmp_path) -> None:
-    from opd.validate import main
+def test_check_cli_reports_bad_files(tmp_path) -> None:
+    from opd.records.__main__ import main
 
     path = tmp_path / "g.jsonl"
     path.write_text(json.dumps(good_group()) + "\n")
-    assert main([str(path)]) == 0
+    assert main(["check", str(path)]) == 0
     bad = good_group()
     bad["masks"][0].pop()
     path.write_text(json.dumps(good_group()) + "\n" + json.dumps(bad) + "\n" + '{"tokens": [[1,')
-    assert main([str(path)]) == 1
+    assert main(["check", str(path)]) == 1
 
 
 def test_gzip_records_read_back_and_validate_even_without_their_trailer(tmp_path) -> None:
     import shutil
 
-    from opd.validate import validate_file
+    from opd.records.__main__ import check_file as validate_file
 
     plain, packed = tmp_path / "g.jsonl", tmp_path / "g.jsonl.gz"
     groups = [good_group() for _ in range(3)]
@@ -84,3 +88,139 @@ def test_gzip_records_read_back_and_validate_even_without_their_trailer(tmp_path
     with GroupWriter(packed) as again:  # appending adds a gzip member
         again.write(groups[0])
     assert len(list(read_groups(packed))) == 4
+
+
+# ---- one list of rules: the fast check and the thorough one agree --------------------------
+
+
+def distill_group() -> dict:
+    """A valid OPD group: teacher rows on the generated tokens of sequence 0, pads elsewhere."""
+    group = good_group()
+    k = 3
+    pad_ids, pad_lps = [DISTILL_PAD_ID] * k, [DISTILL_PAD_LOGPROB] * k
+    group["distill_token_ids"] = [[pad_ids, pad_ids, [3, 9, 1], [4, 2, 8]], [pad_ids, pad_ids, pad_ids]]
+    group["distill_logprobs"] = [[pad_lps, pad_lps, [-0.1, -1.0, -3.0], [-0.5, -0.6, -2.0]], [pad_lps, pad_lps, pad_lps]]
+    return group
+
+
+def test_every_rule_is_named_and_the_distill_group_is_valid() -> None:
+    names = [rule.name for rule in RULES]
+    assert len(names) == len(set(names)) and {rule.layer for rule in RULES} == {"group", "shape", "value"}
+    assert check_group(distill_group()) == [] and is_valid(distill_group())
+
+
+_VALUES = st.sampled_from([0, -1, 1, 7, -100, 0.5, -0.5, 1.0, -1e9, float("nan"), float("inf"), True, None, "x", [], [1], [[1]]])
+
+
+def _paths(tree, prefix=()):
+    """Every (path, value) in a JSON-like tree."""
+    yield prefix, tree
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _paths(value, prefix + (key,))
+    elif isinstance(tree, list):
+        for index, value in enumerate(tree):
+            yield from _paths(value, prefix + (index,))
+
+
+@st.composite
+def mutated_groups(draw) -> dict:
+    """A valid group (plain or OPD) with 1-3 random edits: a value replaced, an entry dropped or
+    repeated, a key removed."""
+    group = draw(st.sampled_from([good_group, distill_group]))()
+    for _ in range(draw(st.integers(1, 3))):
+        paths = [p for p, _ in _paths(group) if p]
+        path = draw(st.sampled_from(paths))
+        parent = group
+        for key in path[:-1]:
+            parent = parent[key]
+        key, kind = path[-1], draw(st.sampled_from(["replace", "drop", "repeat"]))
+        if kind == "replace":
+            parent[key] = copy.deepcopy(draw(_VALUES))
+        elif kind == "drop":
+            del parent[key]
+        elif isinstance(parent, list):
+            parent.insert(key, copy.deepcopy(parent[key]))
+    return group
+
+
+def _number(x) -> bool:
+    return type(x) in (int, float)
+
+
+def reference_valid(group) -> bool:
+    """The record rules written out plainly, position by position (an oracle for the tests)."""
+    if not isinstance(group, dict) or not isinstance(group.get("tokens"), list) or not group["tokens"]:
+        return False
+    n = len(group["tokens"])
+    lps, ids, tlps = group.get("inference_logprobs"), group.get("distill_token_ids"), group.get("distill_logprobs")
+    for key, value in (("masks", group.get("masks")), ("scores", group.get("scores"))):
+        if not isinstance(value, list) or len(value) != n:
+            return False
+    if lps is not None and (not isinstance(lps, list) or len(lps) != n):
+        return False
+    distill = ids is not None or tlps is not None
+    if distill and not (isinstance(ids, list) and isinstance(tlps, list) and len(ids) == len(tlps) == n):
+        return False
+    ks = set()
+    for i in range(n):
+        tokens, masks, score = group["tokens"][i], group["masks"][i], group["scores"][i]
+        if not _number(score) or not math.isfinite(score):
+            return False
+        if not isinstance(tokens, list) or not tokens or not all(type(t) is int and t >= 0 for t in tokens):
+            return False
+        if not isinstance(masks, list) or len(masks) != len(tokens) or not all(type(m) is int for m in masks):
+            return False
+        if any(m != MASK and m != t for m, t in zip(masks, tokens)) or all(m == MASK for m in masks):
+            return False
+        if lps is not None:
+            row = lps[i]
+            if not isinstance(row, list) or len(row) != len(tokens) or not all(_number(v) and math.isfinite(v) for v in row):
+                return False
+            if any((m != MASK and v > 0) or (m == MASK and v != MASKED_LOGPROB) for m, v in zip(masks, row)):
+                return False
+        if distill:
+            rows, row_lps = ids[i], tlps[i]
+            if not isinstance(rows, list) or not isinstance(row_lps, list) or len(rows) != len(tokens) or len(row_lps) != len(tokens):
+                return False
+            for r, l, m in zip(rows, row_lps, masks):
+                if not isinstance(r, list) or not isinstance(l, list) or not r or len(r) != len(l) or not all(type(x) is int for x in r) or not all(_number(x) for x in l):
+                    return False
+                ks.add(len(r))
+                pads = [x == DISTILL_PAD_ID for x in r]
+                if all(pads):
+                    if any(x != DISTILL_PAD_LOGPROB for x in l):
+                        return False
+                    continue
+                if any(pads) or m == MASK or any(x < 0 for x in r) or not all(math.isfinite(x) and x <= 0 for x in l):
+                    return False
+                if any(a < b for a, b in zip(l, l[1:])):
+                    return False
+    return len(ks) <= 1
+
+
+@settings(max_examples=400, deadline=None)
+@given(mutated_groups())
+def test_the_fast_and_the_thorough_check_agree_on_mutated_groups(group: dict) -> None:
+    problems = check_group(group)
+    assert is_valid(group) == (problems == [])
+    assert all(isinstance(p, str) and p for p in problems)
+    # And both agree with the rules written out plainly.
+    assert is_valid(group) == reference_valid(group), problems
+
+
+def test_each_kind_of_break_is_named_by_its_rule() -> None:
+    cases = {
+        "mask_is_token_or_mask": lambda g: g["masks"][0].__setitem__(2, 7),
+        "teacher_rows_are_sorted": lambda g: g["distill_logprobs"][0].__setitem__(2, [-3.0, -1.0, -0.1]),
+        "teacher_rows_sit_on_generated_tokens": lambda g: (g["distill_token_ids"][0].__setitem__(0, [1, 2, 3]), g["distill_logprobs"][0].__setitem__(0, [-0.1, -0.2, -0.3])),
+        "pads_fill_whole_rows": lambda g: g["distill_token_ids"][0].__setitem__(2, [3, DISTILL_PAD_ID, 1]),
+        "distill_k_is_the_same_everywhere": lambda g: g["distill_token_ids"][1].__setitem__(0, [DISTILL_PAD_ID] * 2),
+        "score_is_finite": lambda g: g["scores"].__setitem__(1, math.inf),
+    }
+    by_name = {rule.name: rule for rule in RULES}
+    for name, breaks in cases.items():
+        group = distill_group()
+        breaks(group)
+        assert not is_valid(group), name
+        assert name in by_name

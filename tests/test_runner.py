@@ -6,8 +6,10 @@ import asyncio
 
 import pytest
 
-from opd.records import MASK, MASKED_LOGPROB, GroupWriter, read_groups
-from opd.runner import TooManyFailures, run_generation
+from opd.records import MASK, MASKED_LOGPROB, read_groups
+from opd.runner import Runner, RunnerLimits, TooManyFailures
+from opd.sinks.base import Sink, Written
+from opd.sinks.jsonl import GroupFile
 
 
 def group_for(item: int) -> dict:
@@ -51,11 +53,27 @@ class ScriptedEnv:
         return {"reward/mean": group["scores"][0]}
 
 
-def run(env: ScriptedEnv, tmp_path, total: int, **kwargs):
+class Recorder(Sink):
+    def __init__(self) -> None:
+        self.seen: list[Written] = []
+
+    async def write(self, written: Written) -> None:
+        self.seen.append(written)
+
+
+def run(env: ScriptedEnv, tmp_path, total: int, extra: list[Sink] = (), kept: list[dict] | None = None, **kwargs):
     path = tmp_path / "groups.jsonl"
-    params = {"groups_in_flight": 4, "max_attempts_per_item": 2, "max_failed_groups": 10, "progress": False, **kwargs}
-    with GroupWriter(path) as writer:
-        stats = asyncio.run(run_generation(env, writer, total, **params))
+    limits = RunnerLimits(**{"groups_in_flight": 4, "max_attempts_per_item": 2, "max_failed_groups": 10, **kwargs})
+
+    async def main():
+        file = GroupFile(path)
+        await file.open()
+        try:
+            return await Runner(env, [file, *extra], total, limits, progress=False, kept=kept).run()
+        finally:
+            await file.close("FINISHED")
+
+    stats = asyncio.run(main())
     return stats, [g["scores"][0] for g in read_groups(path)]
 
 
@@ -100,11 +118,30 @@ def test_invalid_groups_are_not_written(tmp_path) -> None:
     assert stats.written == 3 and stats.failed == 2 and 0.0 not in scores
 
 
-def test_metrics_are_reported_per_written_group(tmp_path) -> None:
-    seen: list[tuple[int, dict]] = []
-    env = ScriptedEnv()
-    path = tmp_path / "g.jsonl"
-    with GroupWriter(path) as writer:
-        asyncio.run(run_generation(env, writer, 3, groups_in_flight=2, max_attempts_per_item=1, max_failed_groups=0, on_metrics=lambda m, s: seen.append((s, m)), progress=False))
-    assert [s for s, _ in seen] == [1, 2, 3]
-    assert all("runner/groups_per_s" in m and "reward/mean" in m for _, m in seen)
+def test_every_sink_gets_each_written_group_with_its_step_and_metrics(tmp_path) -> None:
+    recorder = Recorder()
+    stats, scores = run(ScriptedEnv(), tmp_path, 3, extra=[recorder], groups_in_flight=2, max_attempts_per_item=1, max_failed_groups=0)
+    assert [w.step for w in recorder.seen] == [1, 2, 3]
+    assert [w.group["scores"][0] for w in recorder.seen] == scores  # the file first, the same groups in the same order
+    assert all("runner/groups_per_s" in w.metrics and "reward/mean" in w.metrics for w in recorder.seen)
+    assert stats.history["reward/mean"] == scores
+
+
+def test_a_resumed_run_skips_the_kept_items_and_continues_the_count(tmp_path) -> None:
+    kept = [group_for(0), group_for(1)]
+    kept[0]["group_overrides"] = {"item_id": "0"}
+    kept[1]["group_overrides"] = {"item_id": "1"}
+
+    class NamedEnv(ScriptedEnv):
+        async def get_next_item(self):
+            return {"id": str(await super().get_next_item())}
+
+        async def collect_trajectories(self, item):
+            group, _ = await super().collect_trajectories(int(item["id"]))
+            return group, []
+
+    recorder = Recorder()
+    stats, scores = run(NamedEnv(), tmp_path, 5, extra=[recorder], kept=kept)
+    assert stats.written == 5 and stats.resumed == 2 and sorted(scores) == [2.0, 3.0, 4.0]  # items 0 and 1 not done again
+    assert [w.step for w in recorder.seen] == [3, 4, 5]
+    assert stats.history["reward/mean"][:2] == [0.0, 1.0]  # the kept groups start the history

@@ -12,12 +12,13 @@ from typing import Iterator
 
 import pytest
 
-from opd.tools.sandbox import SandboxLimits, run_python
+from conftest import sandbox_limits
+from opd.tools.sandbox import run_python
 
-FAST = SandboxLimits(timeout_s=3, cpu_s=3, memory_mb=512, output_chars=500)
+FAST = sandbox_limits(timeout_s=3, cpu_s=3, memory_mb=512, output_chars=500)
 
 
-def run(code: str, limits: SandboxLimits = FAST):
+def run(code: str, limits=FAST):
     return asyncio.run(run_python(code, limits))
 
 
@@ -34,7 +35,7 @@ def test_exceptions_come_back_as_stderr() -> None:
 
 def test_infinite_loop_is_killed_at_the_timeout() -> None:
     started = time.monotonic()
-    result = run("while True: pass", SandboxLimits(timeout_s=2, cpu_s=30))
+    result = run("while True: pass", sandbox_limits(timeout_s=2, cpu_s=30))
     assert result.timed_out and "timed out" in (result.error or "")
     assert time.monotonic() - started < 6
 
@@ -93,14 +94,14 @@ def test_works_in_its_own_directory_which_is_removed() -> None:
 
 @pytest.mark.parametrize("size_mb", [64])
 def test_disk_filler_is_stopped_by_the_file_size_limit(size_mb: int) -> None:
-    result = run(f"open('big', 'wb').write(b'0' * ({size_mb} * 1024 * 1024))", SandboxLimits(timeout_s=5, file_size_mb=4))
+    result = run(f"open('big', 'wb').write(b'0' * ({size_mb} * 1024 * 1024))", sandbox_limits(timeout_s=5, file_size_mb=4))
     assert result.error is not None
 
 
 def test_the_limits_are_in_force_inside() -> None:
     # Whichever way the child was started (the exec chain sh -> prlimit -> unshare, or the
     # preexec fallback), the code sees the configured limits, its own PID namespace and user.
-    limits = SandboxLimits(cpu_s=7, memory_mb=512, file_size_mb=4, max_open_files=32)
+    limits = sandbox_limits(cpu_s=7, memory_mb=512, file_size_mb=4, max_open_files=32)
     code = (
         "import os, resource\n"
         "print([resource.getrlimit(r) for r in (resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE, resource.RLIMIT_CORE)])\n"

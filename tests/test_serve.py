@@ -107,7 +107,7 @@ def test_serve_mode_hands_the_trainer_exactly_the_jsonl_groups_under_back_pressu
 
 def test_serve_mode_without_a_trainer_fails_clearly(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
     from experiments.launch import launch
-    from opd.serve import TrainerAPIError
+    from opd.sinks.atropos import TrainerAPIError
 
     dead = f"http://127.0.0.1:{free_port()}"
     cfg = compose([

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from opd.sweep import SweepState, job_label, read_state, run_name, shared_server_for, swept_keys, write_state
+from opd.sweep.state import SweepState, job_label, read_state, run_name, shared_server_for, swept_keys, write_state
 
 
 def test_swept_keys_come_from_sweep_overrides_and_sweeper_params() -> None:
@@ -41,7 +41,7 @@ def test_job_names_say_what_was_swept() -> None:
 def test_state_round_trips_and_a_job_uses_the_shared_server_only_when_it_fits(tmp_path: Path) -> None:
     from tests.conftest import compose
     from opd.config import validate
-    from opd.sweep import server_settings
+    from opd.sweep.state import server_settings
 
     server = validate(compose(["distill_topk=5", "server.max_logprobs=5"])).server
     state = SweepState(sweep_dir=str(tmp_path), swept=["seed"], server_urls=["http://127.0.0.1:1/v1"],
@@ -246,7 +246,7 @@ def test_the_callback_pickles_without_its_live_objects() -> None:
     import pickle
     import threading
 
-    from opd.sweep import SweepCallback
+    from opd.sweep.callback import SweepCallback
 
     callback = SweepCallback()
     callback.server = threading.Lock()  # stands in for the server process / MLflow client

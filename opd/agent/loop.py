@@ -9,19 +9,18 @@ their result; the rollout goes on.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from opd import tracing
 from opd.agent.chat_tokens import continuation_ids
-from opd.agent.tool_calls import ToolCallError, parse_tool_call
-from opd.envs.base import Generation, Sequence
+from opd.agent.tool_calls import call_bodies, run_tool_call
+from opd.records import Sequence
+from opd.serving.vllm_client import Generation
+from opd.tools.registry import Toolbox
+from opd.tracking.traces import Tracer
 
-_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-
+# (prompt ids, max_tokens=..., temperature=..., top_p=...) -> one sampled continuation
 Generate = Callable[..., Awaitable[Generation]]
-RunTool = Callable[[str, dict[str, Any]], Awaitable[str]]
 
 
 @dataclass
@@ -47,73 +46,79 @@ class AgentRollout:
         """Assistant turns the model produced (failed server calls never become turns)."""
         return len(self.turns)
 
+    @property
+    def generated_tokens(self) -> int:
+        return sum(t.end - t.start for t in self.turns)
 
-def extract_calls(text: str) -> list[str]:
-    """Bodies of every `<tool_call>` in a turn (an unclosed last one included)."""
-    return [m.group(1) for m in _CALL.finditer(text)]
+
+@dataclass(frozen=True)
+class AgentLimits:
+    max_turns: int
+    max_tokens_per_turn: int
+    max_model_len: int
 
 
 async def run_agent(
     *,
     tokenizer: Any,
     messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]],
+    toolbox: Toolbox,
     generate: Generate,
-    run_tool: RunTool,
-    allowed_tools: tuple[str, ...],
-    max_turns: int,
-    max_tokens_per_turn: int,
-    max_model_len: int,
+    limits: AgentLimits,
     temperature: float,
     top_p: float = 1.0,
-    split: str = "train",
+    tracer: Tracer | None = None,
 ) -> AgentRollout:
     """Run the agent until it answers without a tool call, or a limit is reached."""
+    tools = toolbox.schemas()
     prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     rollout = AgentRollout(Sequence.from_prompt(tokenizer.encode(prompt, add_special_tokens=False)), list(messages))
-    seq = rollout.sequence
-    eos = tokenizer.eos_token_id
-    for turn in range(max_turns):
-        budget = min(max_tokens_per_turn, max_model_len - len(seq.tokens))
-        if budget <= 0:
-            rollout.finish = "context"
+    for turn in range(limits.max_turns):
+        text = await _assistant_turn(rollout, tokenizer, generate, limits, temperature, top_p)
+        if text is None:
             break
-        gen = await generate(seq.tokens, max_tokens=budget, temperature=temperature, top_p=top_p, split=split)
-        start = len(seq.tokens)
-        seq.add_generated(gen)
-        text = tokenizer.decode([t for t in gen.token_ids if t != eos], skip_special_tokens=False)
-        rollout.messages.append({"role": "assistant", "content": text})
-        rollout.turns.append(TurnSpan(start, len(seq.tokens), len(rollout.messages) - 1))
-        if gen.finish_reason == "length" or not gen.token_ids or gen.token_ids[-1] != eos:
-            rollout.finish = "max_tokens"  # cut off mid-turn: nothing to continue from
-            break
-        bodies = extract_calls(text)
+        bodies = call_bodies(text)
         if not bodies:
             rollout.finish = "answer"
             break
-        results = []
-        for body in bodies:
-            try:
-                call = parse_tool_call(body)
-            except ToolCallError as err:
-                results.append(f"error: {err}")
-                rollout.tool_errors += 1
-                continue
-            if call.name not in allowed_tools:
-                results.append(f"error: unknown tool {call.name!r}; available: {', '.join(allowed_tools)}")
-                rollout.tool_errors += 1
-                continue
-            with tracing.span(f"tool {call.name}", "TOOL", call.arguments) as span:
-                result = await run_tool(call.name, call.arguments)
-                span.outputs(result)
-            rollout.tools_used.append(call.name)
-            rollout.tool_errors += result.startswith("error:")
-            results.append(result)
-        tool_messages = [{"role": "tool", "content": r} for r in results]
-        if turn == max_turns - 1:
+        tool_messages = [{"role": "tool", "content": r} for r in await _run_calls(rollout, toolbox, bodies, tracer or Tracer.off())]
+        if turn == limits.max_turns - 1:
             rollout.messages += tool_messages
             rollout.finish = "max_turns"
             break
-        seq.add_inserted(continuation_ids(tokenizer, rollout.messages, tool_messages, tools))
+        rollout.sequence.add_inserted(continuation_ids(tokenizer, rollout.messages, tool_messages, tools))
         rollout.messages += tool_messages
     return rollout
+
+
+async def _assistant_turn(rollout: AgentRollout, tokenizer: Any, generate: Generate, limits: AgentLimits, temperature: float, top_p: float) -> str | None:
+    """Generate one assistant turn into the rollout; its text, or None when the rollout must end
+    here (out of context, or cut off mid-turn with nothing to continue from)."""
+    seq = rollout.sequence
+    budget = min(limits.max_tokens_per_turn, limits.max_model_len - len(seq.tokens))
+    if budget <= 0:
+        rollout.finish = "context"
+        return None
+    gen = await generate(seq.tokens, max_tokens=budget, temperature=temperature, top_p=top_p)
+    start = len(seq.tokens)
+    seq.add_generated(gen.token_ids, gen.logprobs)
+    eos = tokenizer.eos_token_id
+    text = tokenizer.decode([t for t in gen.token_ids if t != eos], skip_special_tokens=False)
+    rollout.messages.append({"role": "assistant", "content": text})
+    rollout.turns.append(TurnSpan(start, len(seq.tokens), len(rollout.messages) - 1))
+    if gen.finish_reason == "length" or not gen.token_ids or gen.token_ids[-1] != eos:
+        rollout.finish = "max_tokens"
+        return None
+    return text
+
+
+async def _run_calls(rollout: AgentRollout, toolbox: Toolbox, bodies: list[str], tracer: Tracer) -> list[str]:
+    """Run every call of one turn in order; the text each returns to the model."""
+    results = []
+    for body in bodies:
+        outcome = await run_tool_call(toolbox, body, tracer)
+        if outcome.ran:
+            rollout.tools_used.append(outcome.name or "")
+        rollout.tool_errors += outcome.status != "ok"
+        results.append(outcome.as_text())
+    return results

@@ -1,12 +1,21 @@
-"""Parse Hermes-style tool calls (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) from model text."""
+"""Hermes-style tool calls in model text: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+
+Parsing (never raises anything but `ToolCallError`, whose message is shown to the model), the text
+of a call as the model is asked to write it, and running a parsed call against a `Toolbox`.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from opd.tools.registry import Toolbox, ToolOutcome
+from opd.tracking.traces import Tracer
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 
 class ToolCallError(ValueError):
@@ -17,6 +26,11 @@ class ToolCallError(ValueError):
 class ToolCall:
     name: str
     arguments: dict[str, Any]
+
+
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A tool call exactly as the model is asked to write it (valid JSON in Hermes tags)."""
+    return f"{OPEN}\n" + json.dumps({"name": name, "arguments": arguments}) + f"\n{CLOSE}"
 
 
 def parse_tool_call(body: str, max_chars: int = 20_000) -> ToolCall:
@@ -42,6 +56,11 @@ def parse_tool_call(body: str, max_chars: int = 20_000) -> ToolCall:
     return ToolCall(name, arguments)
 
 
+def call_bodies(text: str) -> list[str]:
+    """Bodies of every `<tool_call>` in a turn (an unclosed last one included)."""
+    return [m.group(1) for m in _CALL.finditer(text)]
+
+
 def last_open_call(text: str) -> str | None:
     """The body of the last `<tool_call>` in `text` that ends the text with `</tool_call>`.
 
@@ -55,3 +74,16 @@ def last_open_call(text: str) -> str | None:
     if start == -1:
         return None
     return stripped[start + len(OPEN) : len(stripped) - len(CLOSE)]
+
+
+async def run_tool_call(toolbox: Toolbox, body: str, tracer: Tracer) -> ToolOutcome:
+    """Parse one call body and run it (a `tool <name>` span when tracing); a body that does not
+    parse is a `malformed` outcome."""
+    try:
+        call = parse_tool_call(body)
+    except ToolCallError as err:
+        return ToolOutcome("malformed", error=str(err))
+    with tracer.span(f"tool {call.name}", "TOOL", call.arguments) as span:
+        outcome = await toolbox.run(call.name, call.arguments)
+        span.outputs({"status": outcome.status, "content": outcome.content, "error": outcome.error})
+    return outcome

@@ -7,17 +7,20 @@ skipped, counted and logged once with a sample.
 
 from __future__ import annotations
 
-import logging
+import re
+from typing import Any
 
-from opd.config import ConfigError, DatasetConfig
+from opd.config import DatasetConfig
 from opd.data import math_builtin
-from opd.data.sources import TaskSet, records
-from opd.data.splits import train_eval_split
-from opd.rewards.inline_math import is_plain_number
-
-logger = logging.getLogger(__name__)
+from opd.data.sources import TaskSet, mapped_rows, split
 
 Row = dict[str, str]
+_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?")
+
+
+def is_plain_number(answer: str) -> bool:
+    """True for `42`, `-3`, `2.5`, `1,000`; False for `2+3`, `1/3`, `\\sqrt{2}` (dataset filter)."""
+    return _NUMBER.fullmatch(answer.strip().replace(",", "")) is not None
 
 
 def load_math(cfg: DatasetConfig) -> TaskSet:
@@ -25,26 +28,14 @@ def load_math(cfg: DatasetConfig) -> TaskSet:
     if cfg.source == "builtin":
         problems = math_builtin.generate(cfg.builtin_size)
         rows = [{"id": f"builtin-{i}", "problem": p["problem"], "answer": p["answer"]} for i, p in enumerate(problems)]
-        train, held = train_eval_split(rows, cfg.eval_size, cfg.split_seed)
-        return TaskSet(train, held, source=f"builtin:{cfg.builtin_size}")
-    rows: list[Row] = []
-    skipped, sample = 0, None
-    for index, record in enumerate(records(cfg)):
-        if cfg.max_rows is not None and len(rows) >= cfg.max_rows:
-            break
-        for key, column in (("dataset.prompt_field", cfg.prompt_field), ("dataset.answer_field", cfg.answer_field)):
-            if column not in record:
-                raise ConfigError(f"{key}: column {column!r} not in the dataset (columns: {sorted(record)})")
+        return split(cfg, rows, f"builtin:{cfg.builtin_size}")
+
+    def convert(index: int, record: dict[str, Any]) -> Row | None:
         problem, answer = record[cfg.prompt_field], record[cfg.answer_field]
         answer = "" if answer is None else str(answer).strip()
         if not isinstance(problem, str) or not problem.strip() or not answer or (cfg.numeric_answers_only and not is_plain_number(answer)):
-            skipped += 1
-            sample = sample or f"row {index}: answer={answer[:40]!r}"
-            continue
-        rows.append({"id": f"{cfg.name}-{index}", "problem": problem.strip(), "answer": answer})
-    if skipped:
-        logger.warning("dataset %s: skipped %d unusable rows (e.g. %s)", cfg.name, skipped, sample)
-    if len(rows) <= cfg.eval_size:
-        raise ConfigError(f"dataset.eval_size: {cfg.eval_size} held out of only {len(rows)} usable rows in {cfg.path}")
-    train, held = train_eval_split(rows, cfg.eval_size, cfg.split_seed)
-    return TaskSet(train, held, source=f"{cfg.source}:{cfg.path}", skipped=skipped)
+            return None
+        return {"id": f"{cfg.name}-{index}", "problem": problem.strip(), "answer": answer}
+
+    rows, skipped = mapped_rows(cfg, {"dataset.prompt_field": cfg.prompt_field, "dataset.answer_field": cfg.answer_field}, convert)
+    return split(cfg, rows, f"{cfg.source}:{cfg.path}", skipped)

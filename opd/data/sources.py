@@ -1,12 +1,17 @@
-"""What every dataset loader shares: the train/eval result and reading local files or the hub."""
+"""What every dataset loader shares: reading local files or the hub into rows, and the train/eval
+split with its checks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+import logging
+from typing import Any, Callable
 
 from opd.config import ConfigError, DatasetConfig
+from opd.data.splits import train_eval_split
+
+logger = logging.getLogger(__name__)
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -40,3 +45,34 @@ def records(cfg: DatasetConfig):
             f"dataset.path: could not load hub dataset {cfg.path!r} (split {cfg.split!r}): "
             f"{type(err).__name__}: {str(err)[:300]}. Offline? Use a local file (dataset.source=local) or the env's built-in set (dataset.source=builtin)."
         ) from None
+
+
+def mapped_rows(cfg: DatasetConfig, columns: dict[str, str], convert: Callable[[int, dict[str, Any]], dict[str, Any] | None]) -> tuple[list[dict[str, Any]], int]:
+    """(rows, skipped) from a local file or hub set: the `columns` ({config key: column name})
+    must exist; `convert(index, record)` makes a row or returns None for an unusable record, which
+    is skipped, counted and logged once with a sample. Stops at `dataset.max_rows` rows."""
+    rows: list[dict[str, Any]] = []
+    skipped, sample = 0, None
+    for index, record in enumerate(records(cfg)):
+        if cfg.max_rows is not None and len(rows) >= cfg.max_rows:
+            break
+        for key, column in columns.items():
+            if column not in record:
+                raise ConfigError(f"{key}: column {column!r} not in the dataset (columns: {sorted(record)})", key)
+        row = convert(index, record)
+        if row is None:
+            skipped += 1
+            sample = sample or f"row {index}: {str({c: record[c] for c in columns.values()})[:120]}"
+            continue
+        rows.append(row)
+    if skipped:
+        logger.warning("dataset %s: skipped %d unusable rows (e.g. %s)", cfg.name, skipped, sample)
+    return rows, skipped
+
+
+def split(cfg: DatasetConfig, rows: list[dict[str, Any]], source: str, skipped: int = 0) -> TaskSet:
+    """Hold out `dataset.eval_size` rows (chosen by `dataset.split_seed`); the rest train."""
+    if len(rows) <= cfg.eval_size:
+        raise ConfigError(f"dataset.eval_size: {cfg.eval_size} held out of only {len(rows)} usable rows in {source}", "dataset.eval_size")
+    train, held = train_eval_split(rows, cfg.eval_size, cfg.split_seed)
+    return TaskSet(train, held, source=source, skipped=skipped)

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+from opd.config import JudgeConfig
 from opd.distill.judge_prompt import Vote, judge_messages, parse_vote
 from opd.distill.turn_pairs import TurnPair
 
@@ -47,12 +48,12 @@ def choose_hint(votes: list[Vote], min_chars: int, choice: str) -> str | None:
     return max(hints, key=len) if choice == "longest" else hints[0]
 
 
-async def judge_pair(pair: TurnPair, chat: ChatFn, *, votes: int, max_tokens: int, temperature: float, rule: str, min_hint_chars: int, hint_choice: str) -> Judgement:
-    """Ask for `votes` verdicts in one request; raises what the server raised."""
+async def judge_pair(pair: TurnPair, chat: ChatFn, cfg: JudgeConfig) -> Judgement:
+    """Ask for `cfg.votes` verdicts; raises what the server raised."""
     messages = judge_messages(pair.response_text, pair.next_state_text, pair.next_state_role)
-    texts = await chat(messages, votes, max_tokens, temperature)
+    texts = await chat(messages, cfg.votes, cfg.max_tokens, cfg.temperature)
     judgement = Judgement(votes=[parse_vote(t) for t in texts])
-    judgement.decision = decide(judgement.votes, rule)
+    judgement.decision = decide(judgement.votes, cfg.decision_rule)
     if judgement.decision == 1:
-        judgement.hint = choose_hint(judgement.votes, min_hint_chars, hint_choice)
+        judgement.hint = choose_hint(judgement.votes, cfg.min_hint_chars, cfg.hint_choice)
     return judgement

@@ -19,29 +19,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from opd import tracing
 from opd.agent.loop import AgentRollout
+from opd.config import JudgeConfig, OPDConfig
 from opd.distill.judge import ChatFn, judge_pair
-from opd.distill.teacher import ScoreFn, score_turn
+from opd.distill.teacher import ScoreFn, TeacherRows, score_turn
 from opd.distill.turn_pairs import TurnPair, turn_pairs
 from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB
+from opd.tracking.traces import Tracer
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class OPDSettings:
-    top_k: int
-    votes: int
-    judge_max_tokens: int
-    judge_temperature: float
-    decision_rule: str
-    min_hint_chars: int
-    hint_choice: str
-    hint_placement: str
-    max_state_chars: int
-    max_response_chars: int
-    max_concurrency: int
 
 
 class FailureLog:
@@ -59,6 +45,69 @@ class FailureLog:
         return text
 
 
+@dataclass(frozen=True)
+class JudgedPair:
+    """One turn pair after the judge (and, if hinted, the teacher): its record and its rows."""
+
+    seq_index: int
+    pair: TurnPair
+    record: dict[str, Any]
+    rows: TeacherRows | None
+
+
+async def judge_and_score(seq_index: int, pair: TurnPair, turn_ids: list[int], *, tokenizer: Any, tools: list[dict] | None,
+                          chat: ChatFn, score: ScoreFn, opd: OPDConfig, judge: JudgeConfig, failures: FailureLog, semaphore: asyncio.Semaphore) -> JudgedPair:
+    """Judge one pair; if the judge gives a hint, score the turn's ids with the hinted teacher."""
+    record: dict[str, Any] = {
+        "span": [pair.span.start, pair.span.end],
+        "message_index": pair.span.message_index,  # the turn in `messages`; its context is what precedes it
+        "next_state_role": pair.next_state_role,
+    }
+    try:
+        async with semaphore:
+            judgement = await judge_pair(pair, chat, judge)
+    except Exception as err:
+        record.update(votes=[], decision=None, hint=None, scored=False, error=failures.record("judge", err))
+        return JudgedPair(seq_index, pair, record, None)
+    record.update(votes=[v.decision for v in judgement.votes], decision=judgement.decision, hint=judgement.hint, scored=False, error=None)
+    if judgement.hint is None:
+        return JudgedPair(seq_index, pair, record, None)
+    try:
+        async with semaphore:
+            rows = await score_turn(tokenizer, pair.context, tools, turn_ids, judgement.hint, opd.hint_placement, opd.topk, score)
+    except Exception as err:
+        record["error"] = failures.record("teacher scoring", err)
+        return JudgedPair(seq_index, pair, record, None)
+    record["scored"] = True
+    return JudgedPair(seq_index, pair, record, rows)
+
+
+def distill_fields(rollouts: list[AgentRollout], judged: list[JudgedPair], top_k: int) -> dict[str, Any]:
+    """The group's `distill_*` arrays (pads where no teacher row) and per-sequence additions."""
+    token_ids: list[list[list[int]]] = []
+    logprobs: list[list[list[float]]] = []
+    teacher_lps: list[list[float | None]] = []
+    for rollout in rollouts:
+        n = len(rollout.sequence.tokens)
+        token_ids.append([[DISTILL_PAD_ID] * top_k for _ in range(n)])
+        logprobs.append([[DISTILL_PAD_LOGPROB] * top_k for _ in range(n)])
+        teacher_lps.append([None] * n)
+    turns: list[list[dict[str, Any]]] = [[] for _ in rollouts]
+    for item in judged:
+        turns[item.seq_index].append(item.record)
+        if item.rows is None:
+            continue
+        for offset, position in enumerate(range(item.pair.span.start, item.pair.span.end)):
+            token_ids[item.seq_index][position] = item.rows.token_ids[offset]
+            logprobs[item.seq_index][position] = item.rows.logprobs[offset]
+            teacher_lps[item.seq_index][position] = item.rows.sampled_logprobs[offset]
+    return {
+        "distill_token_ids": token_ids,
+        "distill_logprobs": logprobs,
+        "overrides": [{"opd_turns": t, "teacher_logprobs": lp} for t, lp in zip(turns, teacher_lps)],
+    }
+
+
 async def apply_opd(
     rollouts: list[AgentRollout],
     *,
@@ -66,67 +115,21 @@ async def apply_opd(
     tools: list[dict] | None,
     chat: ChatFn,
     score: ScoreFn,
-    settings: OPDSettings,
+    opd: OPDConfig,
+    judge: JudgeConfig,
     failures: FailureLog,
+    tracer: Tracer,
     trace_roots: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Fields to merge into the group (`distill_*` arrays, per-sequence override additions)."""
-    semaphore = asyncio.Semaphore(settings.max_concurrency)
-    pairs = [(i, pair) for i, r in enumerate(rollouts) for pair in turn_pairs(r, settings.max_state_chars, settings.max_response_chars)]
+    semaphore = asyncio.Semaphore(opd.max_concurrency)
+    pairs = [(i, pair) for i, r in enumerate(rollouts) for pair in turn_pairs(r, opd.max_state_chars, opd.max_response_chars)]
 
-    async def one(seq_index: int, pair: TurnPair) -> tuple[int, TurnPair, dict[str, Any], Any]:
-        with tracing.attach(trace_roots[seq_index] if trace_roots else None):
-            return await judge_and_score(seq_index, pair)
-
-    async def judge_and_score(seq_index: int, pair: TurnPair) -> tuple[int, TurnPair, dict[str, Any], Any]:
-        record: dict[str, Any] = {
-            "span": [pair.span.start, pair.span.end],
-            "message_index": pair.span.message_index,  # the turn in `messages`; its context is what precedes it
-            "next_state_role": pair.next_state_role,
-        }
-        try:
-            async with semaphore:
-                judgement = await judge_pair(
-                    pair, chat, votes=settings.votes, max_tokens=settings.judge_max_tokens, temperature=settings.judge_temperature,
-                    rule=settings.decision_rule, min_hint_chars=settings.min_hint_chars, hint_choice=settings.hint_choice,
-                )
-        except Exception as err:
-            record.update(votes=[], decision=None, hint=None, scored=False, error=failures.record("judge", err))
-            return seq_index, pair, record, None
-        record.update(votes=[v.decision for v in judgement.votes], decision=judgement.decision, hint=judgement.hint, scored=False, error=None)
-        if judgement.hint is None:
-            return seq_index, pair, record, None
+    async def one(seq_index: int, pair: TurnPair) -> JudgedPair:
         turn_ids = rollouts[seq_index].sequence.tokens[pair.span.start : pair.span.end]
-        try:
-            async with semaphore:
-                rows = await score_turn(tokenizer, pair.context, tools, turn_ids, judgement.hint, settings.hint_placement, settings.top_k, score)
-        except Exception as err:
-            record["error"] = failures.record("teacher scoring", err)
-            return seq_index, pair, record, None
-        record["scored"] = True
-        return seq_index, pair, record, rows
+        with tracer.attach(trace_roots[seq_index] if trace_roots else None):
+            return await judge_and_score(seq_index, pair, turn_ids, tokenizer=tokenizer, tools=tools, chat=chat, score=score,
+                                         opd=opd, judge=judge, failures=failures, semaphore=semaphore)
 
-    results = await asyncio.gather(*(one(i, p) for i, p in pairs))
-    k = settings.top_k
-    token_ids: list[list[list[int]]] = []
-    logprobs: list[list[list[float]]] = []
-    teacher_lps: list[list[float | None]] = []
-    for rollout in rollouts:
-        n = len(rollout.sequence.tokens)
-        token_ids.append([[DISTILL_PAD_ID] * k for _ in range(n)])
-        logprobs.append([[DISTILL_PAD_LOGPROB] * k for _ in range(n)])
-        teacher_lps.append([None] * n)
-    turns: list[list[dict[str, Any]]] = [[] for _ in rollouts]
-    for seq_index, pair, record, rows in results:
-        turns[seq_index].append(record)
-        if rows is None:
-            continue
-        for offset, position in enumerate(range(pair.span.start, pair.span.end)):
-            token_ids[seq_index][position] = rows.token_ids[offset]
-            logprobs[seq_index][position] = rows.logprobs[offset]
-            teacher_lps[seq_index][position] = rows.sampled_logprobs[offset]
-    return {
-        "distill_token_ids": token_ids,
-        "distill_logprobs": logprobs,
-        "overrides": [{"opd_turns": t, "teacher_logprobs": lp} for t, lp in zip(turns, teacher_lps)],
-    }
+    judged = await asyncio.gather(*(one(i, p) for i, p in pairs))
+    return distill_fields(rollouts, list(judged), opd.topk)

@@ -12,11 +12,13 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from opd.serving.vllm_client import PromptScores
+
 HINT_HEADER = "[hint]"
 
-# (input_ids, top_k, rows_from) -> atroposlib get_logprobs payload (ours also has
-# prompt_token_logprobs); rows before `rows_from` may come back empty.
-ScoreFn = Callable[[list[int], int, int], Awaitable[dict[str, Any]]]
+# (input_ids, top_k, rows_from) -> the prompt's rows (`opd.serving.vllm_client.PromptScores`);
+# rows before `rows_from` may come back empty.
+ScoreFn = Callable[[list[int], int, int], Awaitable[PromptScores]]
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,7 @@ async def score_turn(tokenizer: Any, context: list[dict[str, Any]], tools: list[
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     first = len(prompt_ids)
     result = await score(prompt_ids + list(turn_ids), top_k, first)
-    ids = result["prompt_topk_token_ids"][first:]
-    lps = result["prompt_topk_logprobs"][first:]
-    sampled = result["prompt_token_logprobs"][first:]
+    ids, lps, sampled = result.top_ids[first:], result.top_logprobs[first:], result.token_logprobs[first:]
     if len(ids) != len(turn_ids) or any(len(row) != top_k for row in ids):
         raise ValueError(f"teacher rows do not cover the turn: {len(ids)} rows for {len(turn_ids)} tokens, K={top_k}")
     return TeacherRows(ids, lps, sampled)

@@ -1,122 +1,137 @@
-"""The shared base of our environments: atroposlib's `BaseEnv` wired to stock vLLM, no wandb.
+"""What every environment shares: atroposlib's `BaseEnv` contract over our server pool, with the
+skeleton of a run around each environment's algorithm.
 
-Subclasses implement `get_next_item`, `collect_trajectories` (returning a checked
-`ScoredDataGroup`), `evaluate` and `group_metrics`. The generation loop lives in `opd.runner`,
-not in atroposlib's `process_manager` (which has no error isolation and can loop forever).
+The base holds the constructor, the item order (a seeded shuffle of the train split, epoch after
+epoch), one trace root per rollout, the group record, the per-group metrics every env has, and
+the evaluation scaffold. A subclass implements:
+- `make_group(item, roots)`: `group_size` rollouts of one item, scored, as a `ScoredDataGroup`;
+- `eval_item(item)`: one rollout of a held-out item at `eval_temperature`, as an `EvalResult`;
+- `env_metrics(group)`: its own per-group metrics.
+The runner (`opd.runner`) drives it, not atroposlib's `process_manager` (which has no error
+isolation and can loop forever), and checks every group once before it is written.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import tenacity
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig
-from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.envs.server_handling.openai_server import OpenAIServer
 
-from opd.records import MASK, MASKED_LOGPROB
-from opd import tracing
-from opd.serving.slots import SlotServerManager
-from opd.serving.vllm_client import OpenAIVLLMServer
+from opd.data.sources import TaskSet
+from opd.serving.pool import ServerPool
+from opd.serving.vllm_client import Generation
+from opd.tracking.traces import Tracer
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Generation:
-    """One sampled continuation: the ids vLLM sampled, their logprobs and why it stopped."""
+class EvalResult:
+    """One evaluated item: correct or not, its reward, and per-item values averaged as `eval/<name>`."""
 
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-
-
-@dataclass
-class Sequence:
-    """A growing record of one rollout: prompt, generated and inserted tokens, aligned."""
-
-    tokens: list[int]
-    masks: list[int]
-    logprobs: list[float]
-
-    @classmethod
-    def from_prompt(cls, prompt_ids: list[int]) -> "Sequence":
-        return cls(list(prompt_ids), [MASK] * len(prompt_ids), [MASKED_LOGPROB] * len(prompt_ids))
-
-    def add_generated(self, generation: Generation) -> None:
-        """Sampled tokens: trained (mask = id) with the sampler's logprobs."""
-        self.tokens += generation.token_ids
-        self.masks += generation.token_ids
-        self.logprobs += generation.logprobs
-
-    def add_inserted(self, token_ids: list[int]) -> None:
-        """Tokens the environment inserted (tool responses): masked, placeholder logprobs."""
-        self.tokens += token_ids
-        self.masks += [MASK] * len(token_ids)
-        self.logprobs += [MASKED_LOGPROB] * len(token_ids)
-
-
-def unwrap_retry(err: BaseException) -> BaseException:
-    """atroposlib wraps failures of its retried calls in tenacity.RetryError (sometimes twice):
-    return the cause."""
-    while isinstance(err, tenacity.RetryError) and err.last_attempt.exception() is not None:
-        err = err.last_attempt.exception()  # type: ignore[assignment]
-    return err
+    correct: bool
+    score: float
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class OPDBaseEnv(BaseEnv):
-    """`BaseEnv` with our vLLM server class, wandb off, and helpers for token-exact generation."""
+    """`BaseEnv` over a `ServerPool`, wandb off; see the module docstring."""
 
-    server_cls = OpenAIVLLMServer
+    # atroposlib builds a server manager from this class before ours replaces it; it gets no
+    # servers, and a concrete class keeps it from guessing one from an empty list.
+    server_cls = OpenAIServer
 
-    def __init__(self, tokenizer_path: str, server_configs: list[APIServerConfig], group_size: int, max_token_length: int) -> None:
+    def __init__(self, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
+                 seed: int, tracer: Tracer, temperature: float, top_p: float, eval_temperature: float) -> None:
         base_config = BaseEnvConfig(
             tokenizer_name=tokenizer_path,
             group_size=group_size,
             use_wandb=False,
-            max_token_length=max_token_length,
+            max_token_length=max_model_len,
             ensure_scores_are_not_same=False,
-            data_path_to_save_groups=None,  # we write groups ourselves (flushed per group)
+            data_path_to_save_groups=None,  # the runner writes groups (flushed per group)
             include_messages=False,
         )
-        super().__init__(base_config, server_configs, slurm=False, testing=False)
-        # atroposlib's manager polls every second for a free slot; ours waits for a release.
-        self.server = SlotServerManager(server_configs, server_class=self.server_cls, reasoning_config=self.server.reasoning_config)
+        # No atroposlib server manager: requests go through our pool (slots, retries).
+        super().__init__(base_config, [], slurm=False, testing=False)
+        self.server = pool
+        self.data = data
+        self.group_size = group_size
+        self.max_model_len = max_model_len
+        self.tracer = tracer
+        self.temperature, self.top_p, self.eval_temperature = temperature, top_p, eval_temperature
+        self.rng = random.Random(seed)
+        self._order: list[int] = []
+
+    @classmethod
+    def config_init(cls) -> Any:
+        raise NotImplementedError("build environments with opd.build (python -m experiments.launch)")
 
     async def setup(self) -> None:
         """Data is loaded before the env is built (opd.build); nothing to do here."""
 
-    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float = 1.0, stop: list[str] | None = None, split: str = "train") -> Generation:
-        """Sample one continuation of `prompt_ids`; raises the cause of a failure (for the server:
-        ServerRequestError naming the URL and status), not atroposlib's RetryError around it."""
-        kwargs: dict[str, Any] = {
-            "input_ids": prompt_ids,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "n": 1,
-            "skip_special_tokens": False,
-            "split": split,
-        }
-        if stop:
-            kwargs["stop"] = stop
-        with tracing.span("generate", "LLM", {"prompt_tokens": len(prompt_ids), "max_tokens": max_tokens, "temperature": temperature, "stop": stop}) as span:
-            try:
-                _, ids, logprobs, reasons = await self.server.tokens_and_logprobs_completion(**kwargs)
-            except Exception as err:
-                raise unwrap_retry(err) from None
+    async def get_next_item(self) -> dict[str, Any]:
+        """The next training item: a seeded shuffle of the train split, epoch after epoch."""
+        if not self._order:
+            self._order = list(range(len(self.data.train)))
+            self.rng.shuffle(self._order)
+        return self.data.train[self._order.pop()]
+
+    # ---- one group --------------------------------------------------------------------------
+
+    async def collect_trajectories(self, item: dict[str, Any]) -> tuple[ScoredDataGroup, list]:
+        """`group_size` rollouts of `item` (one trace per rollout when tracing is on)."""
+        inputs = {k: v for k, v in item.items() if isinstance(v, (str, int, float)) and k not in ("solution", "test_code")}
+        roots = [self.tracer.start_root("rollout", {**inputs, "index": i}) for i in range(self.group_size)]
+        try:
+            group = await self.make_group(item, roots)
+        except BaseException as err:
+            for root in roots:
+                self.tracer.end_root(root, error=err)
+            raise
+        for root, score, detail in zip(roots, group["scores"], group["overrides"]):
+            self.tracer.end_root(root, {"score": score, **detail.get("reward_signals", {})})
+        return group, []
+
+    async def make_group(self, item: dict[str, Any], roots: list[Any]) -> ScoredDataGroup:
+        raise NotImplementedError
+
+    def group_record(self, item: dict[str, Any], sequences: list[Any], scores: list[float], details: list[dict[str, Any]],
+                     generation_params: dict[str, Any], messages: list[list[dict[str, Any]]] | None = None,
+                     group_overrides: dict[str, Any] | None = None) -> ScoredDataGroup:
+        """The group as written: tokens, masks, logprobs of each `Sequence`, scores, details."""
+        return ScoredDataGroup(
+            tokens=[s.tokens for s in sequences],
+            masks=[s.masks for s in sequences],
+            scores=scores,
+            inference_logprobs=[s.logprobs for s in sequences],
+            advantages=None,
+            ref_logprobs=None,
+            messages=messages,
+            generation_params={"temperature": self.temperature, "top_p": self.top_p, **generation_params},
+            group_overrides={"item_id": item["id"], **(group_overrides or {})},
+            overrides=details,
+        )
+
+    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float = 1.0, stop: list[str] | None = None) -> Generation:
+        """Sample one continuation of `prompt_ids` (a model-call span when tracing)."""
+        with self.tracer.span("generate", "LLM", {"prompt_tokens": len(prompt_ids), "max_tokens": max_tokens, "temperature": temperature, "stop": stop}) as span:
+            (gen,) = await self.server.generate(prompt_ids, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop)
             if span.active:
-                span.outputs({"text": self.tokenizer.decode(ids[0]), "tokens": len(ids[0]), "finish_reason": reasons[0]})
-        return Generation(ids[0], logprobs[0], reasons[0])
+                span.outputs({"text": self.tokenizer.decode(gen.token_ids), "tokens": len(gen.token_ids), "finish_reason": gen.finish_reason})
+        return gen
+
+    # ---- metrics ----------------------------------------------------------------------------
 
     def group_metrics(self, group: dict[str, Any]) -> dict[str, float]:
-        """Per-group metrics logged after the group is written (keys are MLflow metric names).
-
-        This base part reads what every env records: scores, `reward_signals`, `tool_errors`,
-        `generated_tokens`; subclasses add their own.
-        """
+        """Per-group metrics logged after the group is written (keys are MLflow metric names):
+        what every env records (scores, raw reward signals, tool errors, tokens), then the env's own."""
         details = group["overrides"]
         n = len(details)
         metrics = {
@@ -128,9 +143,42 @@ class OPDBaseEnv(BaseEnv):
         }
         for name in details[0]["reward_signals"]:
             metrics[f"reward/{name}"] = sum(d["reward_signals"][name] for d in details) / n
+        return {**metrics, **self.env_metrics(group)}
+
+    def env_metrics(self, group: dict[str, Any]) -> dict[str, float]:
+        return {}
+
+    # ---- evaluation -------------------------------------------------------------------------
+
+    async def evaluate(self, *args: Any, concurrency: int = 8, **kwargs: Any) -> dict[str, float]:
+        """One rollout per held-out item (`eval_item`), `concurrency` at a time; failed items are
+        counted, not hidden. Returns `eval/accuracy`, `eval/reward_mean` and the mean of each
+        per-item metric, over the items that finished."""
+        semaphore = asyncio.Semaphore(concurrency)
+
+        async def one(item: dict[str, Any]) -> EvalResult | None:
+            async with semaphore:
+                try:
+                    return await self.eval_item(item)
+                except Exception as err:
+                    logger.warning("eval item %s failed: %s: %s", item.get("id"), type(err).__name__, err)
+                    return None
+
+        results = await asyncio.gather(*(one(item) for item in self.data.eval))
+        done = [r for r in results if r is not None]
+        n = max(1, len(done))
+        metrics = {
+            "eval/accuracy": sum(r.correct for r in done) / n,
+            "eval/reward_mean": statistics.fmean([r.score for r in done]) if done else 0.0,
+            "eval/items": float(len(results)),
+            "eval/failed_items": float(len(results) - len(done)),
+        }
+        for name in done[0].metrics if done else []:
+            metrics[f"eval/{name}"] = sum(r.metrics[name] for r in done) / n
         return metrics
 
+    async def eval_item(self, item: dict[str, Any]) -> EvalResult:
+        raise NotImplementedError
+
     async def close(self) -> None:
-        for server in self.server.servers:
-            if isinstance(server, OpenAIVLLMServer):
-                await server.close()
+        await self.server.close()

@@ -9,6 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from opd.agent.tool_calls import tool_call_text
+from opd.tools import math_tools
+from opd.tools.registry import schemas
+
 SYSTEM_PROMPT = (
     "You solve math problems. Think step by step inside <think> and </think>. While thinking you "
     "may call a tool by writing a JSON object inside <tool_call></tool_call>; its result comes back "
@@ -16,39 +20,7 @@ SYSTEM_PROMPT = (
     "answer as \\boxed{...}."
 )
 
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression and return its value.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expr": {"type": "string", "description": "Arithmetic, e.g. (2 + 3) * 4"}},
-                "required": ["expr"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "python_interpreter",
-            "description": "Run a short Python program; returns stdout, stderr and the value of a final expression.",
-            "parameters": {
-                "type": "object",
-                "properties": {"code": {"type": "string", "description": "Python source code"}},
-                "required": ["code"],
-            },
-        },
-    },
-]
-
-TOOL_NAMES = tuple(tool["function"]["name"] for tool in TOOLS)
-
-
-def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
-    """A tool call exactly as the model is asked to write it (valid JSON, Hermes tags)."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+TOOLS: list[dict[str, Any]] = schemas(math_tools.TOOLS)
 
 
 def tool_response_text(result: dict[str, Any]) -> str:

@@ -1,4 +1,8 @@
-"""opd_coding reward signals: correctness, efficiency, tool usage (names match `reward.weights`).
+"""opd_coding's reward: the task's tests and the signals (names match `reward.weights`).
+
+- `correctness`: the configured credit for how the task's tests went (`correctness_levels`);
+- `efficiency`: by assistant turns used; `tool_usage`: writing code and running it.
+Each is a raw value in [0, 1]; the weights make the score.
 
 Correctness comes from the task's own tests, run by the reward: only the agent's `solution.py`
 is copied into a fresh directory next to the task's test file, so nothing else the agent wrote
@@ -11,8 +15,11 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from opd.tools.sandbox import SandboxLimits
+from opd.config import SandboxConfig
+from opd.rewards.rubric import Signals
+from opd.tools.registry import ToolError
 from opd.tools.workspace import Workspace
 
 SOLUTION = "solution.py"
@@ -27,16 +34,17 @@ class TestOutcome:
     output: str
 
 
-async def run_task_tests(solution_dir: Path, test_code: str, limits: SandboxLimits) -> TestOutcome:
+async def run_task_tests(solution_dir: Path, test_code: str, limits: SandboxConfig) -> TestOutcome:
     solution = solution_dir / SOLUTION
     if not solution.is_file() or solution.is_symlink():
         return TestOutcome("nothing_written", "")
     marker = f"opd-tests-completed-{secrets.token_hex(8)}"
     workspace = Workspace(limits)
     try:
-        written = workspace.write_file(SOLUTION, solution.read_text(encoding="utf-8", errors="replace"))
-        if written.startswith("error:"):
-            return TestOutcome("crash", written)
+        try:
+            workspace.write_file(SOLUTION, solution.read_text(encoding="utf-8", errors="replace"))
+        except ToolError as err:
+            return TestOutcome("crash", f"error: {err}")
         workspace.write_file(TASK_TESTS, f"{test_code}\nprint({marker!r})\n")
         output = await workspace.terminal(f"python {TASK_TESTS}")
     finally:
@@ -48,27 +56,45 @@ async def run_task_tests(solution_dir: Path, test_code: str, limits: SandboxLimi
     return TestOutcome("crash", output)
 
 
-def correctness(outcome: TestOutcome, levels: dict[str, float]) -> float:
-    """The configured credit for the outcome's level (pass, assertion, crash, nothing_written)."""
-    return levels[outcome.level]
+@dataclass(frozen=True)
+class CodingOutcome:
+    """What the signals need to know about one finished rollout."""
+
+    tests: str  # pass | assertion | crash | nothing_written
+    turns_used: int
+    max_turns: int
+    tools_used: tuple[str, ...]  # names of the calls that reached a tool
 
 
-def efficiency(turns_used: int, max_turns: int, best_turns: int, steps: list[list[float]], floor: float) -> float:
+SIGNALS: Signals[CodingOutcome] = Signals()
+
+
+@SIGNALS.add
+def correctness(outcome: CodingOutcome, reward: Any) -> float:
+    """The configured credit for the tests' outcome."""
+    levels = reward.correctness_levels
+    return {"pass": levels.passed, "assertion": levels.assertion, "crash": levels.crash, "nothing_written": levels.nothing_written}[outcome.tests]
+
+
+@SIGNALS.add
+def efficiency(outcome: CodingOutcome, reward: Any) -> float:
     """1.0 up to `best_turns`; then the score of the first step [fraction of max_turns, score]
     whose bound is not exceeded; `floor` beyond the last step."""
-    if turns_used <= best_turns:
+    e = reward.efficiency
+    if outcome.turns_used <= e.best_turns:
         return 1.0
-    for fraction, score in steps:
-        if turns_used <= int(max_turns * fraction):
+    for fraction, score in e.steps:
+        if outcome.turns_used <= int(outcome.max_turns * fraction):
             return score
-    return floor
+    return e.floor
 
 
-def tool_usage(tools_used: list[str], write_and_run: float, run_only: float, other: float) -> float:
+@SIGNALS.add
+def tool_usage(outcome: CodingOutcome, reward: Any) -> float:
     """Credit for running code (terminal) after writing it (write_file or patch)."""
-    used = set(tools_used)
+    used, t = set(outcome.tools_used), reward.tool_usage
     if "terminal" in used and used & {"write_file", "patch"}:
-        return write_and_run
+        return t.write_and_run
     if "terminal" in used:
-        return run_only
-    return other if used else 0.0
+        return t.run_only
+    return t.other if used else 0.0

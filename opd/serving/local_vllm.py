@@ -18,33 +18,16 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+from opd.config import LocalServerConfig
 
 logger = logging.getLogger(__name__)
 
 
 class ServerStartError(RuntimeError):
     """The local server did not become healthy; the message points at its log."""
-
-
-@dataclass
-class LocalVLLMSettings:
-    """What the child server is started with (a subset of vLLM's CLI)."""
-
-    model: str
-    served_model_name: str
-    workdir: Path
-    dtype: str = "bfloat16"
-    max_model_len: int = 4096
-    max_logprobs: int = 20
-    tool_call_parser: str | None = "hermes"
-    cpu_kv_cache_gib: int = 1
-    enforce_eager: bool = True
-    startup_timeout_s: float = 240.0
-    seed: int = 0
-    extra_args: list[str] = field(default_factory=list)
 
 
 def free_port() -> int:
@@ -72,11 +55,16 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 class LocalVLLM:
     """Start, wait for and stop one vLLM OpenAI server on loopback."""
 
-    def __init__(self, settings: LocalVLLMSettings) -> None:
+    def __init__(self, settings: LocalServerConfig, model: str, workdir: Path, seed: int = 0) -> None:
+        """`settings` is the run's server=local config; `model` the resolved model directory or hub
+        name (served under that name); the log and caches go to `workdir`."""
         self.settings = settings
+        self.model = model
+        self.workdir = workdir
+        self.seed = seed
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self.log_path = settings.workdir / "server.log"
+        self.log_path = workdir / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
         self.scratch = tempfile.mkdtemp(prefix="opd-vllm-")
@@ -85,14 +73,14 @@ class LocalVLLM:
         s = self.settings
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", s.model,
-            "--served-model-name", s.served_model_name,
+            "--model", self.model,
+            "--served-model-name", self.model,
             "--host", "127.0.0.1",
             "--port", str(self.port),
             "--dtype", s.dtype,
             "--max-model-len", str(s.max_model_len),
             "--max-logprobs", str(s.max_logprobs),
-            "--seed", str(s.seed),
+            "--seed", str(self.seed),
             "--generation-config", "vllm",
             "--disable-uvicorn-access-log",
         ]
@@ -107,7 +95,7 @@ class LocalVLLM:
         env.update(
             {
                 "VLLM_CPU_KVCACHE_SPACE": str(self.settings.cpu_kv_cache_gib),
-                "VLLM_CACHE_ROOT": str(self.settings.workdir / "cache"),
+                "VLLM_CACHE_ROOT": str(self.workdir / "cache"),
                 # IPC sockets and scratch files: a short private directory (a unix socket path
                 # must fit in 107 bytes, which a deep run directory exceeds); removed at stop.
                 "VLLM_RPC_BASE_PATH": self.scratch,
@@ -115,13 +103,14 @@ class LocalVLLM:
                 "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
                 "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1",
+                **self.settings.environment,
             }
         )
         return env
 
     def start(self) -> str:
         """Start the server and wait for /health; return the /v1 base URL."""
-        (self.settings.workdir / "cache").mkdir(parents=True, exist_ok=True)
+        (self.workdir / "cache").mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         logger.info("starting vLLM on port %d (log: %s)", self.port, self.log_path)
         with open(self.log_path, "ab") as log:

@@ -1,19 +1,16 @@
-"""An atroposlib `APIServer` over stock vLLM's OpenAI routes (`/v1/completions`, `/v1/chat/completions`).
+"""A client of one stock vLLM OpenAI server (`/v1/completions`, `/v1/chat/completions`).
 
-atroposlib's own `VLLMServer` needs a `/generate` route that stock vLLM lacks. This class gives
-the same contract through `/v1`:
+- `generate(prompt_ids, ...)`: generation from token ids (never re-tokenised text); the sampled
+  ids and their logprobs (vLLM's `return_token_ids` + `logprobs: 0`).
+- `score(prompt_ids, top_k, rows_from)`: prompt-logprob scoring; every position's top-K row is
+  normalised to exactly K entries sorted by logprob, and the actual token's logprob is kept.
+- `chat(messages, n=...)`: the text of `n` chat completions (the judge's votes).
 
-- `tokens_and_logprobs_completion(input_ids=[...], ...)`: generation from token ids; returns the
-  sampled ids and their logprobs (vLLM's `return_token_ids` + `logprobs: 0`).
-- `get_logprobs(input_ids=[...], top_k=K)`: prompt-logprob scoring; every position's top-K row
-  is normalised to exactly K entries sorted by logprob, and the logprob of the actual token is
-  kept separately (`prompt_token_logprobs`).
-
-Errors name the URL, the HTTP status and the server's message. Requests are bounded by
-`APIServerConfig.timeout`; atroposlib's wrapper retries each call (3 attempts, with backoff).
-Bodies are encoded and decoded with msgspec (prompt-logprob answers straight into small typed
-structs): at K=20 a scoring answer is ~20 entries per token, and `json` spent most of the OPD
-stage's client CPU on them.
+One attempt per call: a failure raises `ServerRequestError` naming the URL, the status and the
+server's message, and says whether trying again may help (`retryable`). Slots and retries are the
+pool's (`opd.serving.pool`). Bodies go through msgspec; prompt-logprob answers decode straight into
+small typed structs (at K=20 a scoring answer is ~20 entries per token, and `json` spent most of
+the OPD stage's client CPU on them).
 """
 
 from __future__ import annotations
@@ -21,14 +18,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import msgspec
 import numpy as np
-from atroposlib.envs.server_handling.server_baseline import APIServer, APIServerConfig
-from openai.types.chat import ChatCompletion
-from openai.types.completion import Completion
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +31,32 @@ logger = logging.getLogger(__name__)
 class ServerRequestError(RuntimeError):
     """A request to the inference server failed; the message says where and why."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, retryable: bool | None = None) -> None:
         super().__init__(message)
         self.status = status
+        # Connection errors, timeouts, 5xx and garbled bodies may pass; a 4xx will not.
+        self.retryable = retryable if retryable is not None else status is None or status >= 500
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled continuation: the ids vLLM sampled, their logprobs and why it stopped."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class PromptScores:
+    """Per prompt position: the top-K ids and logprobs (sorted) and the actual token's logprob.
+
+    Position 0 has no row (nothing precedes it), nor do positions before `rows_from`: empty
+    lists and None there."""
+
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+    token_logprobs: list[float | None]
 
 
 class _Entry(msgspec.Struct):
@@ -54,6 +72,34 @@ class _ScoringAnswer(msgspec.Struct):
     """The part of a `/v1/completions` answer with `prompt_logprobs` that scoring reads."""
 
     choices: list[_ScoringChoice]
+
+
+class _Logprobs(msgspec.Struct):
+    token_logprobs: list[float] | None = None
+
+
+class _GenerationChoice(msgspec.Struct):
+    index: int = 0
+    token_ids: list[int] | None = None
+    logprobs: _Logprobs | None = None
+    finish_reason: str | None = None
+
+
+class _GenerationAnswer(msgspec.Struct):
+    choices: list[_GenerationChoice]
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+
+
+class _ChatChoice(msgspec.Struct):
+    message: _Message
+    index: int = 0
+
+
+class _ChatAnswer(msgspec.Struct):
+    choices: list[_ChatChoice]
 
 
 _JSON = {"Content-Type": "application/json"}
@@ -103,19 +149,20 @@ def normalise_topk_rows(tokens: list[int], rows: list[dict[Any, Any] | None], k:
     return top_ids, top_lps, actual
 
 
-class OpenAIVLLMServer(APIServer):
-    """atroposlib server class for stock vLLM; forced on an env via `server_cls`."""
+class VLLMClient:
+    """One vLLM server's `/v1` routes; see the module docstring."""
 
-    def __init__(self, config: APIServerConfig, reasoning_config: Any = None) -> None:
-        super().__init__(config, reasoning_config=reasoning_config)
-        base = (config.base_url or "").rstrip("/")
+    def __init__(self, base_url: str, model: str, api_key: str = "opd-local", timeout_s: float = 120.0) -> None:
+        base = (base_url or "").rstrip("/")
         if not base:
-            raise ValueError("OpenAIVLLMServer needs a base_url such as http://127.0.0.1:8000/v1")
+            raise ValueError("VLLMClient needs a base_url such as http://127.0.0.1:8000/v1")
         self.base_url = base
-        self.root_url = base[: -len("/v1")] if base.endswith("/v1") else base
+        self.model = model
+        self.api_key = api_key
+        self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
-        # Requests that failed (HTTP error, timeout, connection); atroposlib retries each call.
+        # Requests that failed (HTTP error, timeout, connection, malformed answer).
         self.request_errors = 0
 
     def _client(self) -> aiohttp.ClientSession:
@@ -125,9 +172,9 @@ class OpenAIVLLMServer(APIServer):
         if self._session is None or self._session.closed:
             self._session_loop = asyncio.get_running_loop()
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.config.timeout),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 connector=aiohttp.TCPConnector(limit=0),
-                headers={"Authorization": f"Bearer {self.config.api_key}"},
+                headers={"Authorization": f"Bearer {self.api_key}"},
             )
         return self._session
 
@@ -136,22 +183,24 @@ class OpenAIVLLMServer(APIServer):
             await self._session.close()
             self._session = None
 
-    async def _post(self, route: str, payload: dict[str, Any], into: Any = None) -> Any:
-        """POST `payload`; the answer decoded (into the msgspec type `into`, if given)."""
+    async def _post(self, route: str, payload: dict[str, Any], into: Any) -> Any:
+        """POST `payload`; the answer decoded into the msgspec type `into`."""
         url = f"{self.base_url}{route}"
         try:
             async with self._client().post(url, data=msgspec.json.encode(payload), headers=_JSON) as response:
                 if response.status != 200:
-                    self.request_errors += 1
                     body = (await response.text())[:500]
                     raise ServerRequestError(f"POST {url} answered HTTP {response.status}: {body}", response.status)
                 raw = await response.read()
         except asyncio.TimeoutError:
             self.request_errors += 1
-            raise ServerRequestError(f"POST {url} timed out after {self.config.timeout} s") from None
+            raise ServerRequestError(f"POST {url} timed out after {self.timeout_s:g} s") from None
         except aiohttp.ClientError as err:
             self.request_errors += 1
             raise ServerRequestError(f"POST {url} failed: {type(err).__name__}: {err}") from None
+        except ServerRequestError:
+            self.request_errors += 1
+            raise
         try:
             return _decode(raw, into)
         except msgspec.ValidationError as err:
@@ -161,82 +210,47 @@ class OpenAIVLLMServer(APIServer):
             self.request_errors += 1
             raise ServerRequestError(f"POST {url} answered with a body that is not JSON: {err}; {raw[:200]!r}") from None
 
-    async def check_server_status_task(self, chat_completion: bool = True) -> None:
-        """Never mark the server unhealthy: atroposlib would then wait forever before each request.
-
-        A dead server instead fails requests fast (connection refused), which the caller counts,
-        retries with backoff and finally reports.
-        """
-        self.server_healthy = True
-
-    async def chat_completion(self, **kwargs: Any) -> ChatCompletion:
-        """atroposlib 0.4.0 retries `chat_completion` twice over (3 x 3 attempts, with backoff);
-        keep only the inner retry, as for every other call."""
-        return await APIServer.chat_completion.__wrapped__(self, **kwargs)  # type: ignore[attr-defined]
-
-    async def _completion_wrapper(self, **kwargs: Any) -> Completion:
-        return Completion.model_validate(await self._post("/completions", kwargs))
-
-    async def _chat_completion_wrapper(self, **kwargs: Any) -> ChatCompletion:
-        return ChatCompletion.model_validate(await self._post("/chat/completions", kwargs))
-
-    async def _tokens_and_logprobs_completion_wrapper(self, **kwargs: Any) -> tuple[list, list, list, list]:
-        """Generate from `input_ids`; (prompt ids, [sampled ids], [logprobs], [finish reasons]) per choice."""
-        prompt = kwargs.pop("input_ids", None)
-        if prompt is None:
-            raise ValueError("tokens_and_logprobs_completion needs input_ids (token ids, never re-tokenised text)")
-        kwargs.pop("prompt", None)
-        if "max_new_tokens" in kwargs:
-            kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
-        payload = {**kwargs, "prompt": list(prompt), "logprobs": 0, "return_token_ids": True}
-        data = await self._post("/completions", payload)
-        ids, logprobs, reasons = [], [], []
-        for choice in sorted(data["choices"], key=lambda c: c["index"]):
-            token_ids = choice.get("token_ids")
-            token_lps = (choice.get("logprobs") or {}).get("token_logprobs")
-            if token_ids is None or token_lps is None or len(token_ids) != len(token_lps):
+    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float = 1.0,
+                       stop: list[str] | None = None, n: int = 1) -> list[Generation]:
+        """`n` continuations of `prompt_ids`, in choice order."""
+        payload: dict[str, Any] = {
+            "model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens, "temperature": temperature,
+            "top_p": top_p, "n": n, "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
+        }
+        if stop:
+            payload["stop"] = stop
+        answer: _GenerationAnswer = await self._post("/completions", payload, _GenerationAnswer)
+        out = []
+        for choice in sorted(answer.choices, key=lambda c: c.index):
+            ids = choice.token_ids
+            lps = choice.logprobs.token_logprobs if choice.logprobs else None
+            if ids is None or lps is None or len(ids) != len(lps):
+                self.request_errors += 1
                 raise ServerRequestError(
                     f"{self.base_url}/completions returned no token ids/logprobs aligned with each other "
-                    "(is this a vLLM server that supports return_token_ids?)"
+                    "(is this a vLLM server that supports return_token_ids?)", retryable=False,
                 )
-            ids.append([int(t) for t in token_ids])
-            logprobs.append([float(lp) for lp in token_lps])
-            reasons.append(choice.get("finish_reason") or "unknown")
-        return list(prompt), ids, logprobs, reasons
-
-    async def _get_logprobs_wrapper(self, **kwargs: Any) -> dict[str, Any]:
-        """Score `input_ids`; per position the top-K ids/logprobs and the actual token's logprob.
-
-        Position 0 has no row (nothing precedes it): empty lists and None. `rows_from=n` (ours):
-        only positions >= n are normalised, earlier ones are returned empty like position 0
-        (teacher scoring reads only the student's turn, not the hint-conditioned context).
-        """
-        prompt = kwargs.pop("input_ids", None)
-        top_k = int(kwargs.pop("top_k", kwargs.pop("prompt_logprobs", 1)))
-        rows_from = max(0, int(kwargs.pop("rows_from", 0)))
-        if prompt is None:
-            raise ValueError("get_logprobs needs input_ids")
-        payload = {
-            "model": kwargs.get("model", self.config.model_name),
-            "prompt": list(prompt),
-            "max_tokens": 1,
-            "temperature": 0.0,
-            "prompt_logprobs": top_k,
-        }
-        data: _ScoringAnswer = await self._post("/completions", payload, into=_ScoringAnswer)
-        rows = data.choices[0].prompt_logprobs if data.choices else None
-        if rows is None or len(rows) != len(prompt):
+            out.append(Generation(list(ids), [float(lp) for lp in lps], choice.finish_reason or "unknown"))
+        if len(out) != n:
             self.request_errors += 1
-            raise ServerRequestError(f"{self.base_url}/completions returned {0 if rows is None else len(rows)} prompt-logprob rows for {len(prompt)} tokens")
-        skipped = min(rows_from, len(rows))
-        top_ids, top_lps, actual = normalise_topk_rows(list(prompt[skipped:]), rows[skipped:], top_k)
-        if skipped:
-            top_ids = [[] for _ in range(skipped)] + top_ids
-            top_lps = [[] for _ in range(skipped)] + top_lps
-            actual = [None] * skipped + actual
-        return {
-            "prompt_tokens": list(prompt),
-            "prompt_topk_token_ids": top_ids,
-            "prompt_topk_logprobs": top_lps,
-            "prompt_token_logprobs": actual,
-        }
+            raise ServerRequestError(f"{self.base_url}/completions returned {len(out)} choices for n={n}")
+        return out
+
+    async def score(self, prompt_ids: list[int], top_k: int, rows_from: int = 0) -> PromptScores:
+        """The prompt's top-K rows and actual-token logprobs; rows before `rows_from` come back
+        empty (teacher scoring reads only the student's turn, not the hint-conditioned context)."""
+        payload = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": top_k}
+        answer: _ScoringAnswer = await self._post("/completions", payload, _ScoringAnswer)
+        rows = answer.choices[0].prompt_logprobs if answer.choices else None
+        if rows is None or len(rows) != len(prompt_ids):
+            self.request_errors += 1
+            raise ServerRequestError(f"{self.base_url}/completions returned {0 if rows is None else len(rows)} prompt-logprob rows for {len(prompt_ids)} tokens")
+        skipped = min(max(0, rows_from), len(rows))
+        top_ids, top_lps, actual = normalise_topk_rows(list(prompt_ids[skipped:]), rows[skipped:], top_k)
+        return PromptScores([[] for _ in range(skipped)] + top_ids, [[] for _ in range(skipped)] + top_lps, [None] * skipped + actual)
+
+    async def chat(self, messages: list[dict[str, Any]], *, n: int, max_tokens: int, temperature: float, **extra: Any) -> list[str]:
+        """The texts of `n` chat completions (`extra`: more request fields, e.g. chat_template_kwargs)."""
+        payload = {"model": self.model, "messages": messages, "n": n, "max_tokens": max_tokens, "temperature": temperature, **extra}
+        answer: _ChatAnswer = await self._post("/chat/completions", payload, _ChatAnswer)
+        return [choice.message.content or "" for choice in sorted(answer.choices, key=lambda c: c.index)]

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from opd.config import SandboxConfig
+
 logger = logging.getLogger(__name__)
 
 _CLONE_NEWNET = 0x40000000
@@ -56,30 +58,6 @@ _RUNNER = textwrap.dedent(
             print(repr(value))
     """
 )
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits for one sandboxed run."""
-
-    # Wall-clock seconds before the process group is killed.
-    timeout_s: float = 10.0
-    # CPU seconds (RLIMIT_CPU).
-    cpu_s: int = 10
-    # Address-space limit in MiB (RLIMIT_AS).
-    memory_mb: int = 1024
-    # Largest file the code may write, in MiB (RLIMIT_FSIZE); also caps captured output.
-    file_size_mb: int = 16
-    # Most processes of one run (a pids cgroup; else RLIMIT_NPROC, which Linux does not apply to root).
-    max_processes: int = 64
-    # Most open file descriptors (RLIMIT_NOFILE).
-    max_open_files: int = 64
-    # Characters of stdout and of stderr returned to the model.
-    output_chars: int = 2000
-    # Put the child in a new network namespace (no network) where the kernel allows it.
-    isolate_network: bool = True
-    # When we run as root: run the code as this user ("" keeps root).
-    user: str = "nobody"
 
 
 @dataclass(frozen=True)
@@ -203,7 +181,7 @@ def _net_namespace_ok() -> bool:
     return ok
 
 
-def _exec_chain(argv: list[str], limits: SandboxLimits, cgroup: "_PidsCgroup", ids: tuple[int, int] | None) -> list[str]:
+def _exec_chain(argv: list[str], limits: SandboxConfig, cgroup: "_PidsCgroup", ids: tuple[int, int] | None) -> list[str]:
     """argv behind the programs that apply what `_preexec` does, each exec'ing the next:
     sh (joins the pids cgroup, before anything can fork), prlimit (resource limits), unshare
     (`_command`: PID and network namespaces, then drops to the sandbox user)."""
@@ -319,7 +297,7 @@ class _PidsCgroup:
         self.path = None
 
 
-def _preexec(limits: SandboxLimits, cgroup: _PidsCgroup, ids: tuple[int, int] | None) -> None:
+def _preexec(limits: SandboxConfig, cgroup: _PidsCgroup, ids: tuple[int, int] | None) -> None:
     """Runs in the child between fork and exec: apply limits, detach, drop the network, and
     (without unshare, which otherwise does it inside the new namespace) drop root."""
     os.setsid()
@@ -374,7 +352,7 @@ async def _exited(proc: subprocess.Popen) -> int:
     return proc.wait()
 
 
-async def run_command(argv: list[str], workdir: str, limits: SandboxLimits) -> SandboxResult:
+async def run_command(argv: list[str], workdir: str, limits: SandboxConfig) -> SandboxResult:
     """Run `argv` in `workdir` under `limits`; output is captured to files there, then removed.
 
     Never raises for anything the command does; every process it started is killed when this
@@ -432,7 +410,7 @@ async def run_command(argv: list[str], workdir: str, limits: SandboxLimits) -> S
     return SandboxResult(stdout, stderr, None if timed_out else code, timed_out, error, time.monotonic() - started)
 
 
-async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+async def run_python(code: str, limits: SandboxConfig) -> SandboxResult:
     """Run `code` in a fresh sandbox directory (removed afterwards); see `run_command`."""
     workdir = tempfile.mkdtemp(prefix="opd-sandbox-")
     try:

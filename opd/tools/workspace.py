@@ -1,9 +1,10 @@
-"""The coding agent's tools over one rollout's sandbox directory.
+"""The coding agent's tools over one rollout's sandbox directory: write_file, read_file, terminal,
+patch (`TOOLS`, run against a `Workspace` bound in a `Toolbox`).
 
 File tools only touch regular files inside the directory: absolute paths, `..` components and
 symlinks anywhere on the path are refused. `terminal` runs `bash -c` in the directory under the
-sandbox limits (see `opd.tools.sandbox`). Every result is text for the model; failures are
-`error: ...` results, never exceptions.
+sandbox limits (see `opd.tools.sandbox`). A refused or failed call raises `ToolError`, which the
+toolbox turns into an error result for the model.
 """
 
 from __future__ import annotations
@@ -12,19 +13,16 @@ import os
 import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import Any
 
-from opd.tools.sandbox import SandboxLimits, run_command
-
-
-class PathError(ValueError):
-    """A path the file tools refuse; the message says why."""
+from opd.config import SandboxConfig
+from opd.tools.registry import Tool, ToolError
+from opd.tools.sandbox import run_command
 
 
 class Workspace:
     """A fresh directory for one rollout; `close()` removes it."""
 
-    def __init__(self, limits: SandboxLimits, max_file_chars: int = 20_000, parent: str | None = None) -> None:
+    def __init__(self, limits: SandboxConfig, max_file_chars: int = 20_000, parent: str | None = None) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="opd-rollout-", dir=parent)).resolve()
         self.limits = limits
         self.max_file_chars = max_file_chars
@@ -32,80 +30,90 @@ class Workspace:
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def resolve(self, path: Any) -> Path:
-        """The file's absolute path inside the root, or PathError."""
-        if not isinstance(path, str) or not path.strip():
-            raise PathError("path must be a non-empty string")
+    def resolve(self, path: str) -> Path:
+        """The file's absolute path inside the root, or ToolError."""
+        if not path.strip():
+            raise ToolError("path must be a non-empty string")
         if "\x00" in path:
-            raise PathError("path contains a NUL byte")
+            raise ToolError("path contains a NUL byte")
         pure = PurePosixPath(path)
         if pure.is_absolute():
-            raise PathError(f"absolute paths are not allowed: {path}")
+            raise ToolError(f"absolute paths are not allowed: {path}")
         if ".." in pure.parts:
-            raise PathError(f"'..' is not allowed in paths: {path}")
+            raise ToolError(f"'..' is not allowed in paths: {path}")
         current = self.root
         for part in pure.parts:
             current = current / part
             if current.is_symlink():
-                raise PathError(f"symlinks are not allowed: {path}")
+                raise ToolError(f"symlinks are not allowed: {path}")
         return current
 
-    def write_file(self, path: Any, content: Any) -> str:
-        if not isinstance(content, str):
-            return "error: content must be a string"
+    def write_file(self, path: str, content: str) -> str:
         if len(content) > self.max_file_chars:
-            return f"error: content longer than {self.max_file_chars} characters"
+            raise ToolError(f"content longer than {self.max_file_chars} characters")
+        target = self.resolve(path)
         try:
-            target = self.resolve(path)
             target.parent.mkdir(parents=True, exist_ok=True)
             # O_NOFOLLOW: a symlink created between the check and the write is still refused.
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(content)
-        except (PathError, OSError) as err:
-            return f"error: {err}"
+        except OSError as err:
+            raise ToolError(str(err)) from None
         return f"wrote {len(content.encode())} bytes to {path}"
 
-    def read_file(self, path: Any) -> str:
+    def read_file(self, path: str) -> str:
+        target = self.resolve(path)
         try:
-            target = self.resolve(path)
             fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
                 text = handle.read(self.max_file_chars + 1)
-        except (PathError, OSError) as err:
-            return f"error: {err}"
+        except OSError as err:
+            raise ToolError(str(err)) from None
         if len(text) > self.max_file_chars:
             return text[: self.max_file_chars] + f"\n...[truncated at {self.max_file_chars} characters]"
         return text
 
-    def patch(self, path: Any, old: Any, new: Any) -> str:
-        if not isinstance(old, str) or not isinstance(new, str) or not old:
-            return "error: patch needs non-empty `old` and string `new`"
+    def patch(self, path: str, old: str, new: str) -> str:
+        if not old:
+            raise ToolError("patch needs a non-empty `old`")
         current = self.read_file(path)
-        if current.startswith("error:"):
-            return current
         count = current.count(old)
         if count != 1:
-            return f"error: `old` occurs {count} times in {path}; it must occur exactly once"
-        result = self.write_file(path, current.replace(old, new, 1))
-        return result if result.startswith("error:") else f"patched {path}"
+            raise ToolError(f"`old` occurs {count} times in {path}; it must occur exactly once")
+        self.write_file(path, current.replace(old, new, 1))
+        return f"patched {path}"
 
-    async def terminal(self, command: Any) -> str:
-        if not isinstance(command, str) or not command.strip():
-            return "error: command must be a non-empty string"
+    async def terminal(self, command: str) -> str:
+        if not command.strip():
+            raise ToolError("command must be a non-empty string")
         result = await run_command(["/bin/bash", "-c", command], str(self.root), self.limits)
         output = result.stdout + result.stderr
         status = f"timed out after {self.limits.timeout_s:g} s" if result.timed_out else f"exit code {result.exit_code}"
         return f"{output}[{status}]"
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> str:
-        """Dispatch one tool call by name."""
-        if name == "write_file":
-            return self.write_file(arguments.get("path"), arguments.get("content"))
-        if name == "read_file":
-            return self.read_file(arguments.get("path"))
-        if name == "patch":
-            return self.patch(arguments.get("path"), arguments.get("old"), arguments.get("new"))
-        if name == "terminal":
-            return await self.terminal(arguments.get("command"))
-        return f"error: unknown tool {name!r}; available: write_file, read_file, terminal, patch"
+
+async def _write_file(ws: Workspace, args: dict[str, str]) -> str:
+    return ws.write_file(args["path"], args["content"])
+
+
+async def _read_file(ws: Workspace, args: dict[str, str]) -> str:
+    return ws.read_file(args["path"])
+
+
+async def _terminal(ws: Workspace, args: dict[str, str]) -> str:
+    return await ws.terminal(args["command"])
+
+
+async def _patch(ws: Workspace, args: dict[str, str]) -> str:
+    return ws.patch(args["path"], args["old"], args["new"])
+
+
+# The agent's tools; their names and descriptions are what the model reads (the fixture model was
+# trained on them: rebuild it after editing).
+TOOLS: list[Tool] = [
+    Tool("write_file", "Write a text file in the sandbox (replaces it).", (("path", "relative path"), ("content", "file content")), _write_file),
+    Tool("read_file", "Read a text file of the sandbox.", (("path", "relative path"),), _read_file),
+    Tool("terminal", "Run a shell command in the sandbox directory; returns its output and exit code.", (("command", "shell command"),), _terminal),
+    Tool("patch", "Replace one exact occurrence of `old` with `new` in a file.", (("path", "relative path"), ("old", "text to find"), ("new", "replacement")), _patch),
+]

@@ -1,34 +1,31 @@
-"""inline_math reward signals: small named functions whose sum is the score.
+"""inline_math's reward: answer checking and the signals (names match `reward.weights`).
 
-Names match the config keys under `reward.weights`: `correctness` gives `correct` or
-`incorrect`, `tool_use` gives the bonus, `format` gives `format_violation`.
+- `correct`: the last `\\boxed{}` after `</think>` verifies against the reference (math-verify:
+  equivalent forms count, `0.5` = `\\frac{1}{2}`); `incorrect`: it does not, or there is none.
+- `tool_use`: a correct answer that used at least one tool.
+- `format_violation`: `</think>` is missing, or a tool call or response follows it.
+Each is 1.0 when it applies, else 0.0; the weights make the score.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import re
 from dataclasses import dataclass
 
 from opd.rewards.boxed import final_answer
+from opd.rewards.rubric import Signals
 
 logger = logging.getLogger(__name__)
-
-_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?")
 
 
 @dataclass(frozen=True)
 class MathOutcome:
-    """What the reward needs to know about one finished rollout."""
+    """What the signals need to know about one finished rollout."""
 
     text: str  # the assistant turn's generated text, tool responses included
     tool_calls_run: int  # tool calls that were executed (well-formed, within the limit)
-
-
-def is_plain_number(answer: str) -> bool:
-    """True for `42`, `-3`, `2.5`; False for `2+3`, `1/3`, `\\sqrt{2}` (dataset filter)."""
-    return _NUMBER.fullmatch(answer.strip().replace(",", "")) is not None
+    answer_correct: bool  # the final answer verified against the reference
 
 
 def answers_match(predicted: str | None, reference: str, max_chars: int = 200, timeout_s: float = 5.0) -> bool:
@@ -58,20 +55,33 @@ def _verified(predicted: str, reference: str, timeout: int) -> bool:
         return False
 
 
-def correctness(outcome: MathOutcome, reference: str, correct: float, incorrect: float, max_chars: int, timeout_s: float) -> float:
-    """`correct` when the last `\\boxed{}` after `</think>` verifies, else `incorrect`."""
-    return correct if answers_match(final_answer(outcome.text), reference, max_chars, timeout_s) else incorrect
+def is_correct(text: str, reference: str, max_chars: int, timeout_s: float) -> bool:
+    """The last boxed answer after `</think>` verifies against `reference`."""
+    return answers_match(final_answer(text), reference, max_chars, timeout_s)
 
 
-def tool_use(outcome: MathOutcome, is_correct: bool, bonus: float) -> float:
-    """`bonus` for a correct answer that used at least one tool."""
-    return bonus if is_correct and outcome.tool_calls_run > 0 else 0.0
+SIGNALS: Signals[MathOutcome] = Signals()
 
 
-def format_violation(outcome: MathOutcome, penalty: float) -> float:
-    """`penalty` when `</think>` is missing or a tool call/response follows it."""
+@SIGNALS.add
+def correct(outcome: MathOutcome, params: object = None) -> float:
+    return float(outcome.answer_correct)
+
+
+@SIGNALS.add
+def incorrect(outcome: MathOutcome, params: object = None) -> float:
+    return float(not outcome.answer_correct)
+
+
+@SIGNALS.add
+def tool_use(outcome: MathOutcome, params: object = None) -> float:
+    return float(outcome.answer_correct and outcome.tool_calls_run > 0)
+
+
+@SIGNALS.add
+def format_violation(outcome: MathOutcome, params: object = None) -> float:
     end = outcome.text.find("</think>")
     if end == -1:
-        return penalty
+        return 1.0
     after = outcome.text[end:]
-    return penalty if "<tool_call>" in after or "<tool_response>" in after else 0.0
+    return float("<tool_call>" in after or "<tool_response>" in after)

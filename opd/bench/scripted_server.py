@@ -1,6 +1,6 @@
 """A scripted OpenAI/vLLM-compatible server on loopback with a fixed latency per request (no model).
 
-`python -m opd.bench.loopback --port P --latency 0.1 --tokenizer DIR` serves:
+`python -m opd.bench.scripted_server --port P --latency 0.1 --tokenizer DIR` serves:
 - `POST /v1/completions`: generation from token ids (a fixed answer, or for a coding agent a tool
   call per turn) with `token_ids` + logprobs, or prompt-logprob scoring (`prompt_logprobs: K`);
 - `POST /v1/chat/completions`: `n` judge votes, each a positive verdict with a hint;
@@ -27,7 +27,7 @@ TOOL_TURN = '<tool_call>\n{"name": "terminal", "arguments": {"command": "echo ok
 VOTE = "The output shows a failure.\n\\boxed{1}\n[HINT_START]Check the function name against the task before running the tests.[HINT_END]"
 
 
-class Loopback:
+class ScriptedServer:
     def __init__(self, latency_s: float, tokenizer: Any, fail_every: int = 0) -> None:
         self.latency_s = latency_s
         # Answer every n-th request with HTTP 503 (0: never), to test retries.
@@ -133,9 +133,9 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from opd.loop import loop_factory
+    from opd.event_loop import loop_factory
 
-    server = Loopback(args.latency, AutoTokenizer.from_pretrained(args.tokenizer), args.fail_every)
+    server = ScriptedServer(args.latency, AutoTokenizer.from_pretrained(args.tokenizer), args.fail_every)
     web.run_app(server.app(), host="127.0.0.1", port=args.port, print=None, access_log=None, backlog=4096, loop=(loop_factory() or asyncio.new_event_loop)())
 
 

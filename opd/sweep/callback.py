@@ -1,9 +1,8 @@
 """Sweeps (`-m`): one MLflow parent run per sweep, one inference server shared by its jobs.
 
 `SweepCallback` runs in the launching process. At the start of a sweep it creates the parent run
-and, with server=local, starts one vLLM server for all jobs; both are written to a small JSON file
-in the sweep directory. Jobs read that file, not the launcher's memory, so the wiring holds for
-jobs in other processes (joblib) or on other machines that share the directory (submitit).
+and, with server=local, starts one vLLM server for all jobs; both go into the sweep's state file
+(`opd.sweep.state`), which the jobs read.
 
 Hydra calls `on_multirun_end` only when every job succeeded; a job that raises skips it. The parent
 run is therefore also closed by an exit hook: FINISHED only after a complete sweep in which every
@@ -14,107 +13,17 @@ from __future__ import annotations
 
 import atexit
 import copy
-import json
-import os
 import logging
-from dataclasses import asdict, dataclass, field
+import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from opd.sweep.state import SweepState, server_settings, swept_keys, write_state
+
 logger = logging.getLogger(__name__)
-
-STATE_FILE = "opd_sweep.json"
-# Server settings a job must share with the sweep's server to use it (max_logprobs may be lower).
-_SERVER_KEYS = ("model", "dtype", "max_model_len", "tool_call_parser", "cpu_kv_cache_gib", "enforce_eager", "extra_args")
-
-
-@dataclass
-class SweepState:
-    """What the jobs of a sweep need from the launching process; stored as JSON in the sweep dir."""
-
-    sweep_dir: str
-    # Override keys the sweep varies (command-line sweeps and hydra.sweeper.params).
-    swept: list[str]
-    # MLflow parent run (None when tracking is off).
-    parent_run_id: Optional[str] = None
-    tracking_uri: Optional[str] = None
-    experiment_id: Optional[str] = None
-    # The shared server's /v1 URLs and the settings it was started with (None: each job starts its own).
-    server_urls: Optional[list[str]] = None
-    server_settings: dict[str, Any] = field(default_factory=dict)
-
-
-def write_state(state: SweepState) -> Path:
-    path = Path(state.sweep_dir) / STATE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=2))
-    tmp.replace(path)
-    return path
-
-
-def read_state(sweep_dir: str | Path) -> SweepState | None:
-    path = Path(sweep_dir) / STATE_FILE
-    if not path.is_file():
-        return None
-    return SweepState(**json.loads(path.read_text()))
-
-
-def swept_keys(task_overrides: list[str], sweeper_params: dict[str, Any] | None) -> list[str]:
-    """Keys a sweep varies: `a=1,2` / `a=range(..)` on the command line, plus the sweeper's params."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(list(task_overrides))
-    keys = [o.key_or_group for o in parsed if o.is_sweep_override()]
-    keys += [str(k) for k in (sweeper_params or {}) if str(k) not in keys]
-    return keys
-
-
-def job_label(job_overrides: list[str], swept: list[str]) -> dict[str, str]:
-    """{key: value} of a job's overrides for the swept keys (key as given on the command line)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    values: dict[str, str] = {}
-    for override in OverridesParser.create().parse_overrides(list(job_overrides)):
-        if override.key_or_group in swept:
-            values[override.key_or_group] = override.get_value_element_as_str()
-    return values
-
-
-def run_name(values: dict[str, str]) -> str:
-    """`correctness=0.7,efficiency=0.1`: last key component, or the full key where two collide."""
-    short = [key.rsplit(".", 1)[-1].rsplit("/", 1)[-1] for key in values]
-    names = [s if short.count(s) == 1 else key for s, key in zip(short, values)]
-    return ",".join(f"{name}={_short_value(value)}" for name, value in zip(names, values.values())) or "job"
-
-
-def _short_value(value: str) -> str:
-    """Optuna's 0.6841694527491273 -> 0.6842 in names (the param keeps every digit)."""
-    if "." in value and len(value) > 6:
-        try:
-            return f"{float(value):.4g}"
-        except ValueError:
-            pass
-    return value
-
-
-def server_settings(server: Any) -> dict[str, Any]:
-    return {key: (list(value) if isinstance(value, (list, tuple)) else value) for key, value in ((k, getattr(server, k)) for k in _SERVER_KEYS)}
-
-
-def shared_server_for(state: SweepState | None, server: Any) -> list[str] | None:
-    """The sweep's server URLs if this job's server=local settings match them, else None."""
-    if state is None or not state.server_urls:
-        return None
-    mine = server_settings(server)
-    theirs = {k: v for k, v in state.server_settings.items() if k != "max_logprobs"}
-    if mine != theirs or server.max_logprobs > state.server_settings.get("max_logprobs", 0):
-        logger.warning("this job's server settings differ from the sweep's shared server; starting its own (%s vs %s)", mine, state.server_settings)
-        return None
-    return list(state.server_urls)
 
 
 class SweepCallback(Callback):
@@ -165,7 +74,7 @@ class SweepCallback(Callback):
     def _open_parent(self, typed: Any, state: SweepState, overrides: list[str]) -> None:
         import mlflow
 
-        from opd.tracking import absolute_tracking_uri, ensure_experiment, system_tags
+        from opd.tracking.run import absolute_tracking_uri, ensure_experiment, system_tags
 
         uri = absolute_tracking_uri(typed.tracking.uri)
         self.client = mlflow.MlflowClient(uri)

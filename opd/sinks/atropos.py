@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from opd.config import ServeConfig
+from opd.sinks.base import Sink, Written
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +27,8 @@ class TrainerAPIError(RuntimeError):
     """The trainer API did not answer, or did not start / drain in time."""
 
 
-class TrainerAPI:
-    """One environment's connection to the Atropos API; use `async with`."""
+class AtroposTrainer(Sink):
+    """One environment's connection to the Atropos API."""
 
     def __init__(self, cfg: ServeConfig, group_size: int, max_token_length: int) -> None:
         self.cfg = cfg
@@ -40,17 +41,13 @@ class TrainerAPI:
         self.waited_s = 0.0
         self.session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> "TrainerAPI":
+    async def open(self) -> None:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s))
-        try:
-            await self.register()
-        except BaseException:
-            await self.session.close()
-            raise
-        return self
+        await self.register()
 
-    async def __aexit__(self, *exc: Any) -> None:
-        assert self.session is not None
+    async def close(self, status: str) -> None:
+        if self.session is None:
+            return
         try:
             if self.env_id is not None:
                 await self._request("POST", "/disconnect-env", {"env_id": self.env_id})
@@ -58,6 +55,7 @@ class TrainerAPI:
             logger.warning("could not disconnect from the trainer API: %s", err)
         finally:
             await self.session.close()
+            self.session = None
 
     async def _request(self, method: str, path: str, payload: Any = None) -> Any:
         """One JSON request, retried with exponential backoff on connection errors and 5xx."""
@@ -111,8 +109,11 @@ class TrainerAPI:
             await asyncio.sleep(self.cfg.poll_interval_s)
         self.waited_s += time.monotonic() - started
 
-    async def send(self, group: dict[str, Any]) -> None:
+    async def write(self, written: Written) -> None:
         """Send one written group (with this env's id), after waiting for room in the queue."""
         await self._wait_for_room()
-        await self._request("POST", "/scored_data", {**group, "env_id": self.env_id})
+        await self._request("POST", "/scored_data", {**written.group, "env_id": self.env_id})
         self.sent += 1
+
+    def summary(self) -> dict[str, float]:
+        return {"summary/serve_groups_sent": float(self.sent), "summary/serve_wait_s": self.waited_s}

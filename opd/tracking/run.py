@@ -1,19 +1,24 @@
-"""MLflow tracking of one run: params, tags, per-step metrics, artifacts, final status.
+"""One MLflow run: opened with its params, tags and dataset input, logged to, and closed.
 
 The embedded default is a sqlite store under outputs/ with artifacts beside it. Params are the
-flattened resolved config, each value cut to `max_param_chars` (the whole config is an artifact);
-a run that ends with an exception is marked FAILED, Ctrl-C marks it KILLED.
+flattened resolved config, each value cut to `max_param_chars` (the whole config is an artifact).
+`open_run` is the run's lifetime: it ends FINISHED when its block returns, KILLED on Ctrl-C or
+SIGTERM, FAILED on any other exception. A sweep job's run is a child of the sweep's parent run;
+a resumed run continues the MLflow run of the killed one (its id is kept in the run directory).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import logging
 import os
 import platform
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -170,3 +175,56 @@ class Tracker:
     def end(self, status: str) -> None:
         self.mlflow.end_run(status=status)
         logger.info("MLflow run %s ended %s", self.run_id, status)
+
+
+RUN_FILE = "mlflow_run.json"
+
+
+def previous_run_id(out: Path) -> str | None:
+    """The MLflow run a killed run in `out` was logging to (for resume=true), if any."""
+    path = out / RUN_FILE
+    return json.loads(path.read_text()).get("run_id") if path.exists() else None
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the MLflow run says about itself: names, tags, the dataset input."""
+
+    name: str | None
+    parent_run_id: str | None
+    experiment_id: str | None
+    tags: dict[str, str]
+    swept: dict[str, str]
+    dataset: tuple[str, Any, list[dict[str, Any]], str] | None  # (name, source, rows, context)
+
+
+@contextlib.contextmanager
+def open_run(tracking: Any, out: Path, resolved: dict[str, Any], yaml_text: str, info: RunInfo, resume_id: str | None = None, kept: int = 0) -> Iterator[Tracker]:
+    """The run's MLflow run for the length of the block (see the module docstring). A store that
+    cannot be opened is a ConfigError naming `tracking.uri`, raised before anything starts."""
+    from opd.config import ConfigError
+
+    try:
+        tracker = Tracker(tracking.uri, tracking.experiment, tracking.artifact_root, info.name, tracking.max_param_chars,
+                          parent_run_id=info.parent_run_id, experiment_id=info.experiment_id, run_id=resume_id)
+    except Exception as err:  # MLflow raises many types for a bad or unreachable store
+        raise ConfigError(f"tracking.uri: cannot open the MLflow store {tracking.uri!r}: {type(err).__name__}: {str(err)[:300]}", "tracking.uri") from err
+    (out / RUN_FILE).write_text(json.dumps({"run_id": tracker.run_id, "tracking_uri": tracker.uri}))
+    status = "FAILED"
+    try:
+        if resume_id is not None:
+            tracker.set_tags({"opd.resumed_with_groups": str(kept)})
+            tracker.mlflow.log_text(yaml_text, "config_resumed.yaml")
+        else:
+            tracker.log_config(resolved, yaml_text)
+            tracker.log_params(info.swept)
+            tracker.set_tags({**info.tags, "output_dir": str(out.resolve()), "opd.pid": str(os.getpid())})
+            if info.dataset is not None:
+                tracker.log_dataset(*info.dataset)
+        yield tracker
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        tracker.end(status)

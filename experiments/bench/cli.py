@@ -1,0 +1,63 @@
+"""Benchmarks: `python -m experiments.bench <name> [--repeats N]`, names: overhead, opd, records,
+startup, e2e, tools, all.
+
+Each result is one JSON line on stdout, also appended to outputs/bench/<name>.jsonl with the time,
+git commit and host. These machines are noisy: every ratio is measured within one run, repeated,
+and reported as the median with the individual values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from experiments.bench.common import ROOT  # noqa: E402
+from experiments.bench.e2e import bench_e2e  # noqa: E402
+from experiments.bench.opd_stage import bench_opd  # noqa: E402
+from experiments.bench.overhead import bench_overhead  # noqa: E402
+from experiments.bench.records import bench_records  # noqa: E402
+from experiments.bench.startup import bench_startup  # noqa: E402
+from experiments.bench.tools import bench_tools  # noqa: E402
+
+BENCHES: dict[str, Callable[..., Iterator[dict[str, Any]]]] = {
+    "overhead": bench_overhead, "opd": bench_opd, "records": bench_records, "startup": bench_startup, "e2e": bench_e2e, "tools": bench_tools,
+}
+
+
+def _context() -> dict[str, str]:
+    from opd.tracking.run import git_commit
+
+    return {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "git_commit": git_commit(ROOT)[:12], "host": platform.node(), "cpus": str(os.cpu_count())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("name", choices=[*BENCHES, "all"])
+    parser.add_argument("--repeats", type=int, default=3, help="measurements per point (the median is reported)")
+    parser.add_argument("--embedded", action="store_true", help="startup: also time the embedded vLLM server cold and warm")
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run's config, e.g. runner.oversubscribe=2")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    context = {**_context(), **({"overrides": " ".join(args.set)} if args.set else {})}
+    for name in (list(BENCHES) if args.name == "all" else [args.name]):
+        kwargs = {"embedded": args.embedded} if name == "startup" else {}
+        with open(args.out / f"{name}.jsonl", "a", encoding="utf-8") as log:
+            for result in BENCHES[name](args.repeats, overrides=tuple(args.set), **kwargs):
+                line = json.dumps({**result, **context}, default=float)
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+                log.write(line + "\n")
+    return 0
+

@@ -1,0 +1,114 @@
+"""What every benchmark shares: its config, the scripted server in its own process, the run of
+rollouts through the real runner, and the median."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "opd" / "fixture" / "model"
+
+
+def compose(overrides: list[str], extra: tuple[str, ...] = ()) -> Any:
+    """A validated config for a bench run: no MLflow, no progress bar; `extra` (the CLI's `--set`)
+    last, so it wins."""
+    from opd.config import compose as compose_config
+    from opd.config import validate
+
+    return validate(compose_config(["tracking.enabled=false", "runner.progress=false", *overrides, *extra]))
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+@contextlib.contextmanager
+def scripted_server(latency_s: float, fail_every: int = 0) -> Iterator[str]:
+    """The scripted server (opd/bench/scripted_server.py) in its own process; yields its /v1 URL."""
+    from opd.fixture.build import ensure_fixture
+    from opd.serving.local_vllm import free_port
+    from opd.serving.watch import healthy
+
+    port = free_port()
+    # Its log goes to a file: a pipe nobody reads while it runs would fill and stall the server.
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opd.bench.scripted_server", "--port", str(port), "--latency", str(latency_s), "--tokenizer", str(ensure_fixture()),
+         "--fail-every", str(fail_every)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while not healthy(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                raise RuntimeError(f"scripted server did not start: {log.read().decode(errors='replace')[-2000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+def environment(cfg: Any, url: str) -> Any:
+    """The configured env over one server at `url`, untraced."""
+    from opd import build
+    from opd.tracking.traces import Tracer
+
+    model = build.resolve_model(cfg.server.model)
+    return build.environment(cfg, build.load_data(cfg), model, build.server_pool(cfg, model, [url]), Tracer.off(), build.judge_pool(cfg))
+
+
+async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path) -> dict[str, Any]:
+    """Write `rollouts` / group_size groups through the real runner; wall and CPU time, and when
+    each group was written (`written_at`, monotonic)."""
+    from opd import build
+    from opd.runner import Runner, RunnerLimits
+    from opd.sinks.base import Sink, Written
+    from opd.sinks.jsonl import GroupFile
+
+    class Stamps(Sink):
+        def __init__(self) -> None:
+            self.at: list[float] = []
+
+        async def write(self, written: Written) -> None:
+            self.at.append(time.monotonic())
+
+    env = environment(cfg, url)
+    await env.setup()
+    groups = build.groups_in_flight(cfg, 1)
+    stamps, file = Stamps(), GroupFile(path)
+    await file.open()
+    cpu0 = time.process_time()
+    try:
+        stats = await Runner(env, [file, stamps], rollouts // cfg.group_size, RunnerLimits(groups, 1, 0), progress=False).run()
+    finally:
+        await file.close("FINISHED")
+        await env.close()
+    return {"wall_s": stats.elapsed, "cpu_s": time.process_time() - cpu0, "rollouts": stats.written * cfg.group_size,
+            "written_at": stamps.at, "groups_in_flight": groups}
+
+
+def embedded_vllm(workdir: Path) -> Any:
+    """The embedded vLLM server on the fixture model (not started; a context manager)."""
+    from opd.serving.local_vllm import LocalVLLM
+    from opd.fixture.build import ensure_fixture
+
+    cfg = compose(["server.startup_timeout_s=600"])
+    return LocalVLLM(cfg.server, str(ensure_fixture()), workdir)

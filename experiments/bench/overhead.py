@@ -1,0 +1,73 @@
+"""Framework overhead: rollouts/s through the whole stack against a fixed-latency scripted server,
+beside a bare HTTP client's rate against the same server in the same run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from experiments.bench.common import FIXTURE, compose, environment, generate_rollouts, get_json, median, scripted_server
+
+
+async def bare_client(url: str, limit: int, requests: int, prompt: list[int]) -> dict[str, float]:
+    """The ceiling of this machine: nothing but `limit` concurrent POSTs of the same request body
+    (one aiohttp session, no env, no runner), against the same scripted server."""
+    import aiohttp
+
+    body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 64, "logprobs": 0, "return_token_ids": True}).encode()
+    slots = asyncio.Semaphore(limit)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one() -> None:
+            async with slots, session.post(f"{url}/completions", data=body, headers={"Content-Type": "application/json"}) as resp:
+                await resp.read()
+
+        started, cpu0 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(one() for _ in range(requests)))
+        return {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu0}
+
+
+def first_prompt(cfg: Any) -> list[int]:
+    """The token ids the env sends for its first problem (the bare client sends the same)."""
+    env = environment(cfg, "http://127.0.0.1:9/v1")
+    return env.prompt_ids(env.data.train[0]["problem"], use_pool=False)
+
+
+def bench_overhead(repeats: int, latencies: tuple[float, ...] = (0.1, 1.0), limits: tuple[int, ...] = (1, 8, 32, 128), overrides: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
+    """One request per rollout (the answer needs no tool). The in-flight limit is the server's
+    request limit (`server.max_requests_in_flight`); the runner sizes the groups in flight itself
+    (`runner.groups_in_flight=null`). Reported against the ideal (limit / latency) and against the
+    bare client's rate (what the machine allows)."""
+    from opd.event_loop import run_loop
+
+    for latency_s in latencies:
+        with scripted_server(latency_s) as url, tempfile.TemporaryDirectory() as tmp:
+            for limit in limits:
+                cfg = compose([
+                    "env=inline_math", "server=vllm", f"server.model={FIXTURE}", f"server.base_urls=[{url}]",
+                    f"group_size={min(limit, 8)}", "runner.groups_in_flight=null", f"server.max_requests_in_flight={limit}",
+                    "env.dynamic_shots=0",
+                ], overrides)
+                prompt = first_prompt(cfg)
+                rollouts = max(limit * 10, 40)
+                runs, bare = [], []
+                for r in range(repeats):
+                    get_json(url.removesuffix("/v1") + "/stats")
+                    runs.append(run_loop(generate_rollouts(cfg, url, rollouts, Path(tmp) / f"o{limit}-{r}.jsonl"), cfg.runner.uvloop))
+                    bare.append(run_loop(bare_client(url, limit, rollouts, prompt), cfg.runner.uvloop))
+                ideal = limit / latency_s
+                ratios = [run["rollouts"] / run["wall_s"] / ideal for run in runs]
+                ceiling = [rollouts / b["wall_s"] / ideal for b in bare]
+                yield {
+                    "bench": "overhead", "in_flight": limit, "latency_s": latency_s, "rollouts": runs[0]["rollouts"],
+                    "ideal_rollouts_per_s": ideal, "rollouts_per_s": median([run["rollouts"] / run["wall_s"] for run in runs]),
+                    "fraction_of_ideal": median(ratios), "fraction_of_ideal_runs": [round(x, 3) for x in ratios],
+                    "bare_client_fraction_of_ideal": median(ceiling), "fraction_of_bare_client": median(ratios) / median(ceiling),
+                    "env_cpu_ms_per_rollout": median([1000 * run["cpu_s"] / run["rollouts"] for run in runs]),
+                    "bare_client_cpu_ms_per_request": median([1000 * b["cpu_s"] / rollouts for b in bare]),
+                    "event_loop": "uvloop" if cfg.runner.uvloop else "asyncio",
+                }

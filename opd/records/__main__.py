@@ -1,0 +1,51 @@
+"""`python -m opd.records check FILE [FILE ...]`: check every group of record files (exit 1 on any
+problem); `python -m opd.records view FILE [--tokenizer DIR] [--out HTML]`: write its viewer."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from opd.records.io import read_groups
+from opd.records.rules import check_group
+
+logger = logging.getLogger("opd.records")
+
+
+def check_file(path: Path) -> tuple[int, list[str]]:
+    """(groups read, problems as `group N: ...` strings)."""
+    problems: list[str] = []
+    count = 0
+    try:
+        for count, group in enumerate(read_groups(path), 1):
+            problems += [f"group {count}: {p}" for p in check_group(group)]
+    except (ValueError, OSError) as err:
+        problems.append(str(err))
+    return count, problems
+
+
+def _check(paths: list[Path]) -> int:
+    failed = False
+    for path in paths:
+        count, problems = check_file(path)
+        for problem in problems:
+            logger.error("%s: %s", path, problem)
+        logger.info("%s: %d groups, %d problems", path, count, len(problems))
+        failed |= bool(problems) or count == 0
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m opd.records", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("check", help="check every group of record files")
+    check.add_argument("files", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return _check(args.files)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""One experiment, from a validated config to its objective.
+
+`run_experiment` writes the resolved config next to the data, loads the dataset, opens the MLflow
+run, starts or reaches the inference servers, builds the environment and its sinks, and then
+either generates `total_steps` groups (train, serve) or evaluates the held-out split (evaluate).
+The summary is built here, in one place, from the runner's statistics, the sinks and the servers;
+the objective (`sweep.objective`) is read from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import statistics
+from contextlib import AsyncExitStack, ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from opd import build
+from opd.config import Config, ConfigError
+from opd.data.sources import TaskSet
+from opd.envs.base import OPDBaseEnv
+from opd.event_loop import run_loop
+from opd.runner import Runner, RunnerLimits, RunStats
+from opd.serving.watch import ServerWatch
+from opd.sinks.base import Sink
+from opd.sweep.state import SweepJob, run_name, shared_server_for
+from opd.tracking.run import RunInfo, Tracker, dataset_source, open_run, previous_run_id
+
+logger = logging.getLogger(__name__)
+
+GROUPS_FILE = "groups.jsonl"
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a resumed run continues: the valid groups kept and the MLflow run id."""
+
+    groups: list[dict[str, Any]]
+    run_id: str | None
+
+
+def resume_state(cfg: Config, job: SweepJob | None, out: Path) -> Resumed:
+    """resume=true: the valid head of the killed run's groups.jsonl (the file is cut after it) and
+    its MLflow run; otherwise nothing, and a directory that already has groups is refused."""
+    from opd.records import recover
+
+    groups_path = out / GROUPS_FILE
+    if not cfg.resume:
+        if groups_path.exists() and groups_path.stat().st_size > 0:
+            raise ConfigError(f"resume: {groups_path} already has groups; continue it with resume=true or use another directory", "resume")
+        return Resumed([], None)
+    if job is not None:
+        raise ConfigError("resume: resume=true continues one run (hydra.run.dir=<its directory>), not a sweep job", "resume")
+    if cfg.mode == "evaluate":
+        raise ConfigError("resume: only train and serve runs write groups to resume", "resume")
+    if not groups_path.exists():
+        raise ConfigError(f"resume: no {groups_path} to continue; pass hydra.run.dir=<the killed run's directory>", "resume")
+    kept = recover(groups_path)
+    run_id = previous_run_id(out) if cfg.tracking.enabled else None
+    logger.info("resuming %s: %d valid groups kept, %d to go; MLflow run %s", groups_path, len(kept), max(0, cfg.total_steps - len(kept)), run_id or "new")
+    return Resumed(kept, run_id)
+
+
+def run_info(cfg: Config, job: SweepJob | None, data: TaskSet) -> RunInfo:
+    """The MLflow run's name, parent, tags and dataset input for this config."""
+    if job is not None and job.state.parent_run_id is None:
+        raise RuntimeError(f"tracking is on but the sweep in {job.state.sweep_dir} has no MLflow parent run (was tracking off for the sweep?)")
+    tags = {"env": cfg.env.name, "mode": cfg.mode, "model": cfg.server.model, "server": cfg.server.kind, "dataset": cfg.dataset.name}
+    if job is not None:
+        tags.update({"opd.sweep_dir": job.state.sweep_dir, "opd.swept": ",".join(job.swept)})
+    dataset = None
+    if cfg.tracking.log_input:
+        d, evaluating = cfg.dataset, cfg.mode == "evaluate"
+        source = dataset_source(d.source, d.path, d.subset, d.split, data.source)
+        dataset = (d.name, source, data.eval if evaluating else data.train, "eval" if evaluating else "train")
+    return RunInfo(
+        name=cfg.tracking.run_name or (run_name(job.swept) if job else None),
+        parent_run_id=job.state.parent_run_id if job else None,
+        experiment_id=job.state.experiment_id if job else None,
+        tags=tags, swept=job.swept if job else {}, dataset=dataset,
+    )
+
+
+def run_experiment(cfg: Config, job: SweepJob | None = None) -> float:
+    """Run the experiment `cfg` describes (a sweep job when `job` is given); return its objective."""
+    out = Path(cfg.output_dir)
+    resumed = resume_state(cfg, job, out)
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    yaml_text = OmegaConf.to_yaml(resolved)
+    (out / "config.yaml").write_text(yaml_text)
+    data = build.load_data(cfg)
+    model = build.resolve_model(cfg.server.model)
+    with ExitStack() as stack:
+        tracker = None
+        if cfg.tracking.enabled:
+            tracker = stack.enter_context(open_run(cfg.tracking, out, resolved, yaml_text, run_info(cfg, job, data), resumed.run_id, len(resumed.groups)))
+        tracer = build.tracer(cfg, tracker)
+        stack.callback(tracer.flush)
+        shared = shared_server_for(job.state if job else None, cfg.server) if cfg.server.kind == "local" else None
+        urls, watch = stack.enter_context(build.inference_servers(cfg, model, out / "vllm", shared=shared))
+        env = build.environment(cfg, data, model, build.server_pool(cfg, model, urls), tracer, build.judge_pool(cfg))
+        groups = build.groups_in_flight(cfg, len(urls))
+        logger.info("%d groups (%d rollouts) in flight for %d request slots", groups, groups * cfg.group_size, cfg.server.max_requests_in_flight * len(urls))
+        if tracker is not None:
+            tracker.set_tags({"opd.groups_in_flight": str(groups)})
+        if cfg.mode == "evaluate":
+            summary, history = run_loop(_evaluate(env, watch, groups * cfg.group_size), cfg.runner.uvloop), {}
+        else:
+            sinks = build.sinks(cfg, out / GROUPS_FILE, tracker, env.tokenizer)
+            stats = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups), cfg.runner.uvloop)
+            summary, history = summarize(stats, sinks, env, watch), stats.history
+            logger.info("wrote %d groups to %s in %.1f s (%d failed)", stats.written, out / GROUPS_FILE, stats.elapsed, stats.failed)
+        objective = objective_of(cfg.sweep.objective, cfg.mode, summary, history)
+        if tracker is not None:
+            tracker.log_metrics({**summary, "objective": objective}, step=cfg.total_steps if cfg.mode != "evaluate" else 0)
+        logger.info("summary: %s", {k: round(v, 4) for k, v in summary.items()})
+        return objective
+
+
+async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: ServerWatch, groups: int, kept: list[dict[str, Any]]) -> RunStats:
+    """Open the sinks, run the generation loop, close everything (sinks learn the final status)."""
+    status = "FAILED"
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(env.close)
+        await watch.check()  # a server that is down at the start: wait (bounded) or fail clearly
+        await env.setup()
+        for sink in sinks:
+            await sink.open()
+            stack.push_async_callback(lambda s=sink: s.close(status))
+        try:
+            limits = RunnerLimits(groups, cfg.runner.max_attempts_per_item, cfg.runner.max_failed_groups)
+            runner = Runner(env, sinks, cfg.total_steps, limits, on_failure=watch.check, progress=cfg.runner.progress, kept=kept)
+            stats = await runner.run()
+            status = "FINISHED"
+            return stats
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            status = "KILLED"
+            raise
+
+
+async def _evaluate(env: OPDBaseEnv, watch: ServerWatch, concurrency: int) -> dict[str, float]:
+    try:
+        await watch.check()
+        await env.setup()
+        return await env.evaluate(concurrency=concurrency)
+    finally:
+        await env.close()
+
+
+def summarize(stats: RunStats, sinks: list[Sink], env: OPDBaseEnv, watch: ServerWatch) -> dict[str, float]:
+    """The run's `summary/*` metrics: the runner's counts, each sink's, the servers'."""
+    rewards = stats.history.get("reward/mean", [])
+    summary = {
+        "summary/groups_written": float(stats.written),
+        "summary/groups_failed": float(stats.failed),
+        "summary/items_given_up": float(stats.items_given_up),
+        "summary/wall_s": stats.elapsed,
+        "summary/groups_per_s": stats.groups_per_s,
+        "summary/reward_mean": statistics.fmean(rewards) if rewards else math.nan,
+        "summary/server_outages": float(watch.outages),
+        "summary/server_request_errors": float(env.server.request_errors),
+        "summary/server_restarts": float(watch.restarts),
+    }
+    for sink in sinks:
+        summary.update(sink.summary())
+    return summary
+
+
+def objective_of(name: str | None, mode: str, summary: dict[str, float], history: dict[str, list[float]]) -> float:
+    """The sweep objective: a summary metric, or the mean of a per-group metric's history."""
+    name = name or ("eval/accuracy" if mode == "evaluate" else "summary/reward_mean")
+    if name in summary:
+        return float(summary[name])
+    if history.get(name):
+        return statistics.fmean(history[name])
+    known = sorted(set(summary) | set(history))
+    raise ConfigError(f"sweep.objective: no metric {name!r} in this run; known: {', '.join(known)}", "sweep.objective")

@@ -1,0 +1,118 @@
+"""Request slots over one or more inference servers, with bounded retries.
+
+Every request (rollout generation, judge votes, teacher scoring, evaluation) takes one of its
+server's `slots` (`server.max_requests_in_flight`): no path can exceed that limit. A request that
+finds every slot busy waits, first come first served, to be woken by the next release (never by
+polling), then goes to the server with the most free slots. A failure that may pass (connection,
+timeout, 5xx, garbled answer) is retried up to `max_attempts` in all, with exponential backoff and
+its slot released while it waits; the last failure is raised as it is (`ServerRequestError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
+
+from opd.serving.vllm_client import Generation, PromptScores, ServerRequestError
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class InferenceClient(Protocol):
+    """What a server client offers (`VLLMClient`, or a scripted double in tests)."""
+
+    base_url: str
+    request_errors: int
+
+    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float = 1.0,
+                       stop: list[str] | None = None, n: int = 1) -> list[Generation]: ...
+
+    async def score(self, prompt_ids: list[int], top_k: int, rows_from: int = 0) -> PromptScores: ...
+
+    async def chat(self, messages: list[dict[str, Any]], *, n: int, max_tokens: int, temperature: float, **extra: Any) -> list[str]: ...
+
+    async def close(self) -> None: ...
+
+
+class ServerPool:
+    """Slots and retries over `clients`; offers the clients' calls (see the module docstring)."""
+
+    def __init__(self, clients: list[InferenceClient], slots: int, max_attempts: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 10.0) -> None:
+        if not clients or slots < 1 or max_attempts < 1:
+            raise ValueError(f"ServerPool needs clients, slots >= 1 and max_attempts >= 1 (got {len(clients)}, {slots}, {max_attempts})")
+        self.clients = list(clients)
+        self.slots = slots
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.free = [slots] * len(clients)
+        self.in_use_most = 0
+        self.retries = 0
+        self._waiting: deque[asyncio.Future[int]] = deque()
+
+    @property
+    def request_errors(self) -> int:
+        return sum(client.request_errors for client in self.clients)
+
+    async def _acquire(self) -> int:
+        """Index of the server whose slot this request now holds.
+
+        Invariant: a slot is free only while nobody waits (a release hands its slot straight to
+        the first waiter), so waiting is first come, first served."""
+        if not self._waiting:
+            best = max(range(len(self.free)), key=self.free.__getitem__)
+            if self.free[best] > 0:
+                self.free[best] -= 1
+                self.in_use_most = max(self.in_use_most, self.slots * len(self.free) - sum(self.free))
+                return best
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._release(waiter.result())  # a slot handed to a request that no longer wants it
+            raise
+
+    def _release(self, index: int) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(index)
+                return
+        self.free[index] += 1
+
+    async def call(self, request: Callable[[InferenceClient], Awaitable[T]]) -> T:
+        """Run `request` against a server with a free slot, retrying failures that may pass."""
+        for attempt in range(1, self.max_attempts + 1):
+            index = await self._acquire()
+            try:
+                return await request(self.clients[index])
+            except ServerRequestError as err:
+                if not err.retryable or attempt == self.max_attempts:
+                    raise
+                cause = err
+            finally:
+                self._release(index)
+            self.retries += 1
+            delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+            logger.debug("request failed (attempt %d/%d), retrying in %.2f s: %s", attempt, self.max_attempts, delay, cause)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def generate(self, prompt_ids: list[int], **kwargs: Any) -> list[Generation]:
+        return await self.call(lambda client: client.generate(prompt_ids, **kwargs))
+
+    async def score(self, prompt_ids: list[int], top_k: int, rows_from: int = 0) -> PromptScores:
+        return await self.call(lambda client: client.score(prompt_ids, top_k, rows_from))
+
+    async def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[str]:
+        return await self.call(lambda client: client.chat(messages, **kwargs))
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.close()

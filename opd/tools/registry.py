@@ -1,0 +1,99 @@
+"""Tools as data: a name, a description, string parameters and a coroutine that runs it.
+
+A `Toolbox` is the set of tools one rollout may call, bound to that rollout's context (its
+workspace, its sandbox limits). It gives the schemas the chat template shows the model, and runs a
+call by name: an unknown tool or a missing or non-string argument is a `malformed` outcome (nothing ran); a tool that raises `ToolError` is an `error` outcome (it ran
+and failed, and may still return content, e.g. a program's stderr); anything else is `ok`.
+Every outcome is something to show the model, never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Sequence
+
+
+class ToolError(Exception):
+    """A tool refused its arguments or failed; the message (and any content) is shown to the model."""
+
+    def __init__(self, message: str, content: Any = None) -> None:
+        super().__init__(message)
+        self.content = content
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool. Every parameter is a required string, listed as (name, description)."""
+
+    name: str
+    description: str
+    parameters: tuple[tuple[str, str], ...]
+    # (context, arguments) -> content shown to the model; raises ToolError on failure.
+    run: Callable[[Any, dict[str, str]], Awaitable[Any]]
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function schema (what chat templates render as the tool list)."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": {
+                    "type": "object",
+                    "properties": {key: {"type": "string", "description": text} for key, text in self.parameters},
+                    "required": [key for key, _ in self.parameters],
+                },
+            },
+        }
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What one call gave: `status` ok | error | malformed, the tool's content and/or an error."""
+
+    status: str
+    name: str | None = None
+    content: Any = None
+    error: str | None = None
+
+    @property
+    def ran(self) -> bool:
+        """The call reached a tool (its result may be an error)."""
+        return self.status != "malformed"
+
+    def as_text(self) -> str:
+        """The result as a chat tool message: the content, else `error: <why>`."""
+        return str(self.content) if self.content is not None else f"error: {self.error}"
+
+
+def schemas(tools: Sequence[Tool]) -> list[dict[str, Any]]:
+    return [tool.schema() for tool in tools]
+
+
+class Toolbox:
+    """The tools of one rollout, bound to its context."""
+
+    def __init__(self, tools: Sequence[Tool], context: Any = None) -> None:
+        self.tools = {tool.name: tool for tool in tools}
+        if len(self.tools) != len(tools):
+            raise ValueError(f"tool names must be unique: {[t.name for t in tools]}")
+        self.context = context
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.tools)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return schemas(list(self.tools.values()))
+
+    async def run(self, name: str, arguments: dict[str, Any]) -> ToolOutcome:
+        tool = self.tools.get(name)
+        if tool is None:
+            return ToolOutcome("malformed", name, error=f"unknown tool {name!r}; available: {', '.join(self.tools)}")
+        for key, _ in tool.parameters:
+            if not isinstance(arguments.get(key), str):
+                return ToolOutcome("malformed", name, error=f'{name} needs a "{key}" string')
+        try:
+            return ToolOutcome("ok", name, content=await tool.run(self.context, arguments))
+        except ToolError as err:
+            return ToolOutcome("error", name, content=err.content, error=str(err))

@@ -1,0 +1,1 @@
+"""MLflow: the run (`run`: opening, tagging, logging and closing it) and traces (`traces`)."""

@@ -1,0 +1,77 @@
+"""A scripted inference client for unit tests of logic that does not depend on the server: it
+offers what `VLLMClient` offers (generate, score, chat) from Python callables, without HTTP, and
+records what it was asked. Environments are built over it with the real `opd.build` code."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+from opd.serving.vllm_client import Generation, PromptScores
+
+
+class ScriptedClient:
+    def __init__(self, *, generate: Callable[..., Generation] | None = None, score: Callable[[list[int], int], PromptScores] | None = None,
+                 chat: Callable[[list[dict[str, Any]], int], list[str]] | None = None, latency: float = 0.0, base_url: str = "http://scripted/v1") -> None:
+        self.base_url = base_url
+        self.request_errors = 0
+        self.latency = latency
+        self._generate, self._score, self._chat = generate, score, chat
+        self.prompts: list[list[int]] = []  # generation prompts, in order
+        self.scored: list[list[int]] = []  # scored prompts, in order
+        self.chats: list[dict[str, Any]] = []  # chat requests, in order
+        self.running = self.most_running = self.served = 0
+
+    async def _busy(self) -> None:
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            await asyncio.sleep(self.latency)
+        finally:
+            self.running -= 1
+            self.served += 1
+
+    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float = 1.0, stop: list[str] | None = None, n: int = 1) -> list[Generation]:
+        self.prompts.append(list(prompt_ids))
+        await self._busy()
+        assert self._generate is not None, "this scripted client does not generate"
+        return [self._generate(prompt_ids, max_tokens=max_tokens, stop=stop) for _ in range(n)]
+
+    async def score(self, prompt_ids: list[int], top_k: int, rows_from: int = 0) -> PromptScores:
+        await self._busy()
+        assert self._score is not None, "this scripted client does not score"
+        result = self._score(list(prompt_ids), top_k)
+        self.scored.append(list(prompt_ids))
+        return result
+
+    async def chat(self, messages: list[dict[str, Any]], *, n: int, max_tokens: int, temperature: float, **extra: Any) -> list[str]:
+        self.chats.append({"messages": messages, "n": n, "max_tokens": max_tokens, "temperature": temperature, **extra})
+        await self._busy()
+        assert self._chat is not None, "this scripted client does not chat"
+        return self._chat(messages, n)
+
+    async def close(self) -> None:
+        pass
+
+
+def text_generator(tokenizer: Any, replies: list[tuple[str, str]], logprob: float = -0.25) -> Callable[..., Generation]:
+    """Answers generation requests from a queue of (text, finish_reason), cut at max_tokens."""
+    queue = list(replies)
+
+    def generate(prompt_ids: list[int], *, max_tokens: int, stop: list[str] | None = None) -> Generation:
+        text, finish = queue.pop(0)
+        ids = tokenizer.encode(text, add_special_tokens=False)[:max_tokens]
+        return Generation(ids, [logprob] * len(ids), finish)
+
+    return generate
+
+
+def build_env(cfg: Any, data: Any, model: str, client: ScriptedClient, judge: ScriptedClient | None = None, slots: int = 8, max_attempts: int = 3) -> Any:
+    """The configured environment over `client` (and `judge` for judge=server), as opd.build makes it."""
+    from opd import build
+    from opd.serving.pool import ServerPool
+    from opd.tracking.traces import Tracer
+
+    pool = ServerPool([client], slots, max_attempts, backoff_s=0.01)
+    judge_pool = ServerPool([judge], slots, max_attempts, backoff_s=0.01) if judge is not None else None
+    return build.environment(cfg, data, model, pool, Tracer.off(), judge_pool)

@@ -1,0 +1,217 @@
+"""The server pool (opd.serving.pool): one pool of slots per server for every kind of request,
+first come first served without polling, balanced over several servers, bounded retries; and the
+client's decoding of vLLM's answers (opd.serving.vllm_client)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from opd.event_loop import run_loop
+from opd.runner import groups_to_fill
+from opd.serving.pool import ServerPool
+from opd.serving.vllm_client import Generation, PromptScores, ServerRequestError, VLLMClient, normalise_topk_rows
+from scripted import ScriptedClient
+
+
+def timed(latency: float, url: str = "http://scripted/v1") -> ScriptedClient:
+    """A client whose every request takes `latency` seconds."""
+    return ScriptedClient(
+        generate=lambda ids, **_: Generation([7], [-0.5], "stop"),
+        score=lambda ids, k: PromptScores([], [], []),
+        chat=lambda messages, n: ["ok"] * n,
+        latency=latency, base_url=url,
+    )
+
+
+def test_oversubscribed_requests_queue_for_the_slots_without_polling() -> None:
+    client = timed(0.05)
+    pool = ServerPool([client], slots=4)
+
+    async def main() -> float:
+        started = time.perf_counter()
+        await asyncio.gather(*(pool.generate([1, 2], max_tokens=1, temperature=1.0) for _ in range(16)))
+        return time.perf_counter() - started
+
+    wall = run_loop(main())
+    assert client.served == 16 and client.most_running == 4  # never more than the limit, and it was reached
+    assert wall < 0.5  # 4 waves of 50 ms; polling once a second (atroposlib's manager) made this >= 1 s
+
+
+def test_rollouts_judge_and_teacher_requests_share_one_pool() -> None:
+    client = timed(0.05)
+    pool = ServerPool([client], slots=3)
+
+    async def main() -> None:
+        train = [pool.generate([1], max_tokens=1, temperature=1.0) for _ in range(6)]
+        judge = [pool.chat([{"role": "user", "content": "x"}], n=1, max_tokens=8, temperature=0.7) for _ in range(6)]
+        scoring = [pool.score([1, 2], 1) for _ in range(6)]
+        await asyncio.gather(*train, *judge, *scoring)
+
+    run_loop(main())
+    assert client.served == 18 and client.most_running == 3
+
+
+def test_several_full_servers_hand_waiting_requests_to_whichever_frees_a_slot() -> None:
+    slow, fast = timed(0.4, "http://slow/v1"), timed(0.02, "http://fast/v1")
+    pool = ServerPool([slow, fast], slots=1)
+
+    async def main() -> None:
+        await asyncio.gather(*(pool.generate([1], max_tokens=1, temperature=1.0) for _ in range(12)))
+
+    run_loop(main())
+    assert slow.served + fast.served == 12
+    assert fast.served >= 9  # the fast server took the queue (stuck behind the slow one it would get ~6)
+    assert slow.most_running == fast.most_running == 1
+
+
+def test_a_cancelled_waiter_does_not_swallow_the_next_free_slot() -> None:
+    pool = ServerPool([timed(0.05, "http://a/v1"), timed(0.05, "http://b/v1")], slots=1)
+
+    async def main() -> int:
+        tasks = [asyncio.create_task(pool.generate([1], max_tokens=1, temperature=1.0)) for _ in range(6)]
+        await asyncio.sleep(0.01)
+        tasks[3].cancel()  # waiting: both servers are busy
+        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=5)
+        return sum(not isinstance(r, BaseException) for r in done)
+
+    assert run_loop(main()) == 5
+    assert pool.free == [1, 1]  # every slot came back
+
+
+def test_failures_that_may_pass_are_retried_and_others_are_not() -> None:
+    answers: list = [ServerRequestError("connection refused"), ServerRequestError("HTTP 503", 503), Generation([7], [-0.1], "stop")]
+
+    def flaky(ids, **_):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    pool = ServerPool([ScriptedClient(generate=flaky)], slots=1, max_attempts=3, backoff_s=0.01)
+    (gen,) = run_loop(pool.generate([1], max_tokens=1, temperature=1.0))
+    assert gen.token_ids == [7] and pool.retries == 2
+
+    refused = ServerPool([ScriptedClient(score=lambda ids, k: (_ for _ in ()).throw(ServerRequestError("max allowed: 2", 400)))], slots=1, backoff_s=0.01)
+    with pytest.raises(ServerRequestError, match="max allowed"):
+        run_loop(refused.score([1, 2], 4))
+    assert refused.retries == 0  # a 4xx will not pass: no retry
+
+    down = ServerPool([ScriptedClient(generate=lambda ids, **_: (_ for _ in ()).throw(ServerRequestError("connection refused")))], slots=1, max_attempts=2, backoff_s=0.01)
+    with pytest.raises(ServerRequestError, match="connection refused"):  # the cause itself, not a wrapper
+        run_loop(down.generate([1], max_tokens=1, temperature=1.0))
+    assert down.retries == 1 and down.free == [1]
+
+
+def test_groups_to_fill_covers_the_slots_times_the_oversubscription() -> None:
+    assert groups_to_fill(32, 4, 1.5) == 12
+    assert groups_to_fill(16, 4, 1.0) == 4
+    assert groups_to_fill(1, 8, 1.5) == 1
+    assert groups_to_fill(128, 8, 1.5) == 24
+    with pytest.raises(ValueError):
+        groups_to_fill(0, 4, 1.5)
+    with pytest.raises(ValueError):
+        groups_to_fill(4, 4, 0.5)
+
+
+def test_run_loop_uses_uvloop_unless_told_not_to() -> None:
+    async def kind() -> str:
+        return "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+
+    assert run_loop(kind()) == "uvloop"
+    assert run_loop(kind(), use_uvloop=False) == "asyncio"
+
+
+def _reference_row(row, actual, k):
+    """The obvious implementation: sort by logprob descending, ties by id, cut to K."""
+    if not row:
+        return [], [], None
+    entries = sorted(((int(t), float(e["logprob"])) for t, e in row.items()), key=lambda p: (-p[1], p[0]))
+    return [t for t, _ in entries[:k]], [lp for _, lp in entries[:k]], next((lp for t, lp in entries if t == actual), None)
+
+
+def test_batched_normalisation_equals_the_row_by_row_definition() -> None:
+    rng = random.Random(3)
+    k = 5
+    tokens, rows = [], []
+    for position in range(300):
+        token = rng.randrange(50)
+        if position == 0 or rng.random() < 0.05:
+            rows.append(None if position == 0 else {})
+        else:
+            ids = rng.sample(range(50), k + (rng.random() < 0.5))  # K or K+1 entries, as vLLM sends
+            # Coarse logprobs so ties are common (broken by id).
+            rows.append({str(i): {"logprob": -rng.randrange(6) / 2, "rank": 1} for i in ids})
+        tokens.append(token)
+    ids, lps, actual = normalise_topk_rows(tokens, rows, k)
+    expected = [_reference_row(row, token, k) for token, row in zip(tokens, rows)]
+    assert ids == [e[0] for e in expected]
+    assert lps == [e[1] for e in expected]
+    assert actual == [e[2] for e in expected]
+    assert normalise_topk_rows([tokens[1]], [rows[1]], k) == ([expected[1][0]], [expected[1][1]], [expected[1][2]])
+    assert normalise_topk_rows([], [], k) == ([], [], [])
+
+
+# ---- the client's decoding, against a scripted HTTP server
+
+def _serve_body(body: bytes):
+    """An aiohttp app on loopback answering every POST with `body`; returns (runner, /v1 URL)."""
+    from aiohttp import web
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=body, content_type="application/json")
+
+    async def start():
+        app = web.Application()
+        app.router.add_post("/v1/completions", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        return runner, f"http://127.0.0.1:{port}/v1"
+
+    return start
+
+
+def _score_against(body: bytes, servers: list | None = None, **kwargs):
+    async def main():
+        runner, url = await _serve_body(body)()
+        server = VLLMClient(url, "m", timeout_s=10)
+        if servers is not None:
+            servers.append(server)
+        try:
+            return await server.score([5, 6, 7], 2, **kwargs)
+        finally:
+            await server.close()
+            await runner.cleanup()
+
+    return run_loop(main())
+
+
+def test_scoring_answers_that_are_not_strict_json_still_parse() -> None:
+    # Python's json accepts -Infinity; a server that sends it must not fail the whole request.
+    body = (b'{"choices": [{"prompt_logprobs": [null, {"6": {"logprob": -0.5}, "9": {"logprob": -Infinity}, "3": {"logprob": -0.1}},'
+            b' {"7": {"logprob": -2.0}, "1": {"logprob": -0.2}, "2": {"logprob": -0.3}}]}]}')
+    result = _score_against(body)
+    assert result.top_ids == [[], [3, 6], [1, 2]]
+    assert result.top_logprobs == [[], [-0.1, -0.5], [-0.2, -0.3]]
+    assert result.token_logprobs == [None, -0.5, -2.0]
+    assert _score_against(body, rows_from=2).top_ids == [[], [], [1, 2]]
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"<html>busy</html>", "not JSON"),
+    (b'{"choices": [{"prompt_logprobs": [null, {"x": 1}]}]}', "unexpected answer"),
+    (b'{"choices": [{"prompt_logprobs": [null, {"6": {"logprob": -Infinity, "rank": "x"}}, "row"]}]}', "unexpected answer"),
+    (b'{"choices": [{"prompt_logprobs": [null]}]}', "1 prompt-logprob rows for 3 tokens"),
+])
+def test_malformed_scoring_answers_fail_with_a_clear_error(body: bytes, message: str) -> None:
+    servers: list = []
+    with pytest.raises(ServerRequestError, match=message):
+        _score_against(body, servers)
+    assert servers[0].request_errors == 1  # counted in summary/server_request_errors
