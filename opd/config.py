@@ -145,22 +145,27 @@ class DatasetConfig:
 
 @dataclass
 class SandboxConfig:
-    """Limits of one sandboxed call (conf/sandbox/default.yaml); `opd.tools.sandbox` reads it as is."""
+    """The jail of one sandboxed call (conf/sandbox/default.yaml); `opd.tools.sandbox` reads it as is."""
 
+    backend: str = MISSING
     timeout_s: float = MISSING
     cpu_s: int = MISSING
     memory_mb: int = MISSING
     file_size_mb: int = MISSING
     max_processes: int = MISSING
     max_open_files: int = MISSING
+    tmp_mb: int = MISSING
+    workspace_mb: int = MISSING
     output_chars: int = MISSING
     isolate_network: bool = MISSING
-    user: str = MISSING
+    uid_base: int = MISSING
 
     def __post_init__(self) -> None:
-        for key in ("timeout_s", "cpu_s", "memory_mb", "file_size_mb", "max_processes", "output_chars"):
+        _one_of("env.sandbox.backend", self.backend, ("bwrap", "unshare"))
+        for key in ("timeout_s", "cpu_s", "memory_mb", "file_size_mb", "max_processes", "output_chars", "tmp_mb", "workspace_mb"):
             _at_least(f"env.sandbox.{key}", getattr(self, key), 1)
         _at_least("env.sandbox.max_open_files", self.max_open_files, 8)
+        _check(1000 <= self.uid_base <= 2**32 - 70_000, "env.sandbox.uid_base", "in [1000, 2^32 - 70000]", self.uid_base)
 
 
 @dataclass
@@ -260,6 +265,7 @@ class InlineMathRewardConfig:
     weights: InlineMathWeights = MISSING
     max_answer_chars: int = MISSING
     verify_timeout_s: float = MISSING
+    verify_workers: int = MISSING
 
     def __post_init__(self) -> None:
         _check(self.weights.correct > self.weights.incorrect, "reward.weights.correct", "> reward.weights.incorrect", self.weights.correct)
@@ -267,6 +273,7 @@ class InlineMathRewardConfig:
         _check(self.weights.format_violation <= 0, "reward.weights.format_violation", "<= 0", self.weights.format_violation)
         _at_least("reward.max_answer_chars", self.max_answer_chars, 1)
         _at_least("reward.verify_timeout_s", self.verify_timeout_s, 0.1)
+        _at_least("reward.verify_workers", self.verify_workers, 1)
 
 
 @dataclass
@@ -309,6 +316,7 @@ class OPDCodingRewardConfig:
     efficiency: Efficiency = MISSING
     tool_usage: ToolUsage = MISSING
     tests_timeout_s: float = MISSING
+    max_solution_chars: int = MISSING
 
     def __post_init__(self) -> None:
         for name in ("correctness", "efficiency", "tool_usage"):
@@ -322,6 +330,7 @@ class OPDCodingRewardConfig:
         for name in ("write_and_run", "run_only", "other"):
             _fraction(f"reward.tool_usage.{name}", getattr(self.tool_usage, name))
         _at_least("reward.tests_timeout_s", self.tests_timeout_s, 1)
+        _at_least("reward.max_solution_chars", self.max_solution_chars, 1)
 
 
 # ---- the judge (conf/judge/) ----------------------------------------------------------------

@@ -7,6 +7,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${OPD_VENV:-.venv}"
 inference="${OPD_INFERENCE:-cpu}"
+# The jail of model-written code (opd/tools/sandbox.py) is bubblewrap, a Debian package.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }
+  else
+    echo "warning: bubblewrap (bwrap) is missing and cannot be installed here (needs root and apt-get);" \
+         "install it, or run with env.sandbox.backend=unshare (weaker)" >&2
+  fi
+fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$venv/.opd-installed-$inference-$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"

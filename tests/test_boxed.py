@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from opd.rewards.boxed import boxed_contents, final_answer
 from opd.data.math_sets import is_plain_number
-from opd.rewards.math import answers_match
+from opd.event_loop import run_loop
+from opd.rewards.math import check_answer, normalise
+from opd.rewards.verifier import Verifier
 
 
 def test_nested_braces_and_order() -> None:
@@ -29,17 +31,29 @@ def test_escaped_braces_do_not_count() -> None:
     assert boxed_contents(r"\boxed{\{1,2\}}") == [r"\{1,2\}"]
 
 
+@pytest.fixture(scope="module")
+def verifier():
+    checker = Verifier(workers=1, timeout_s=5)
+    yield checker
+    checker.close()
+
+
 @pytest.mark.parametrize(
     ("predicted", "reference", "expected"),
-    [("42", "42", True), ("1,000", "1000", True), ("0.5", "1/2", True), (r"\frac{1}{2}", "0.5", True),
+    [("42", "42", True), ("1,000", "1000", True), ("12,345,678", "12345678", True), ("0.5", "1/2", True), (r"\frac{1}{2}", "0.5", True),
      (r"\tfrac{1}{3}", r"\frac{1}{3}", True), ("41", "42", False), ("", "42", False), (None, "42", False),
-     ("4" * 500, "4", False)],
+     ("4" * 500, "4", False), ("1,5", "15", False), ("2,3", "23", False), ("1,00", "100", False)],
 )
-def test_answers_match_equivalent_forms(predicted: str | None, reference: str, expected: bool) -> None:
-    assert answers_match(predicted, reference) is expected
+def test_answers_match_equivalent_forms(verifier, predicted: str | None, reference: str, expected: bool) -> None:
+    text = "<think>x</think>" + (f"\\boxed{{{predicted}}}" if predicted is not None else "no answer")
+    assert run_loop(check_answer(text, reference, verifier, 200)) is expected
 
 
-@pytest.mark.parametrize(("answer", "numeric"), [("42", True), ("-3.5", True), ("1,000", True), ("2+3", False), ("1/3", False), (r"\sqrt{2}", False), ("", False)])
+def test_thousands_separators_are_dropped_only_where_they_separate_thousands() -> None:
+    assert [normalise(a) for a in ("1,000", " -12,345.5 ", "1,5", "2,3", "1,0000", "1,000,00")] == ["1000", "-12345.5", "1,5", "2,3", "1,0000", "1,000,00"]
+
+
+@pytest.mark.parametrize(("answer", "numeric"), [("42", True), ("-3.5", True), ("1,000", True), ("1,5", False), ("2+3", False), ("1/3", False), (r"\sqrt{2}", False), ("", False)])
 def test_numeric_filter_admits_only_plain_numbers(answer: str, numeric: bool) -> None:
     assert is_plain_number(answer) is numeric
 
@@ -51,3 +65,36 @@ def test_extraction_never_raises_and_is_fast(text: str) -> None:
     final_answer(text)
     boxed_contents(text)
     assert time.monotonic() - started < 0.5
+
+
+def test_a_hostile_answer_times_out_in_its_worker_without_stalling_the_run() -> None:
+    import asyncio
+
+    verifier = Verifier(workers=1, timeout_s=1.0)
+
+    async def main() -> tuple[bool | None, float, bool | None]:
+        gaps, last, done = [], time.monotonic(), asyncio.Event()
+
+        async def tick() -> None:
+            nonlocal last
+            while not done.is_set():
+                await asyncio.sleep(0.01)
+                gaps.append(time.monotonic() - last)
+                last = time.monotonic()
+
+        ticker = asyncio.create_task(tick())
+        await verifier.matches("1", "1")  # start the worker first: its start is not the check
+        hostile = await verifier.matches("9^{9^{9^{9}}}", "7")
+        done.set()
+        await ticker
+        after = await verifier.matches("0.5", "\\frac{1}{2}")
+        return hostile, max(gaps), after
+
+    try:
+        hostile, longest_stall, after = run_loop(main())
+    finally:
+        verifier.close()
+    assert hostile is None and verifier.timeouts == 1  # not verified, counted
+    assert ("9^{9^{9^{9}}}", "7") not in verifier._cache  # a timeout is never cached
+    assert longest_stall < 0.25  # the event loop went on meanwhile
+    assert after is True  # a fresh worker took over

@@ -1,8 +1,17 @@
-"""A corpus of hostile programs: each is contained and reported as a failed tool call, nothing it
-started survives the call, the launcher (this process) is untouched, and the next call works.
+"""Model-written code as an attacker, through the real entry points: the python tool, the agent's
+terminal and file tools, the coding reward's test run, the math reward. Each class of attack in
+the README's "Guarantees" table is here and must be contained:
 
-Every program runs twice: as the python tool's code (inline_math) and as a file the coding agent
-runs from its terminal (opd_coding).
+1. rollouts isolated from one another (files, environment, memory, processes);
+2. no privileged walk over paths the code controls (symlink swaps while the tools run);
+3. FIFOs and other non-regular files never block the tools;
+4. a test verdict no solution can forge;
+5. correct solutions keep their credit whatever they print or however long they are;
+6. its own /proc, no files left in /tmp, /var/tmp or /dev/shm, /dev/shm capped, no user namespaces;
+7. what stopped a call said in words (tests/test_sandbox.py);
+8. math answers: separators only where they separate, math-verify off the event loop
+   (tests/test_boxed.py);
+plus a corpus of hostile programs run beside normal calls, which must not be affected.
 """
 
 from __future__ import annotations
@@ -11,67 +20,48 @@ import asyncio
 import contextlib
 import os
 import re
+import stat
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, sandbox_limits
-from opd.tools.sandbox import _pids_cgroup_root, remove_stale_cgroups, run_python, sandbox_plan
+from opd.rewards.coding import run_task_tests
 from opd.tools import workspace as workspace_tools
 from opd.tools.registry import Toolbox
+from opd.tools.sandbox import run_python
 from opd.tools.workspace import Workspace
 
-LIMITS = sandbox_limits(timeout_s=3, cpu_s=3, memory_mb=512, file_size_mb=8, max_processes=16, output_chars=500)
+LIMITS = sandbox_limits(timeout_s=4, cpu_s=3, memory_mb=512, file_size_mb=8, max_processes=16, output_chars=500)
 ESCAPE = ROOT / "opd-hostile-escape.txt"
 SECRET = "opd-hostile-secret-7f3a"
 LAUNCHER = os.getpid()
-DROPS_ROOT = sandbox_plan(LIMITS.user)[0] is not None
-
-# name -> program. {pid} is this process (the launcher), {escape} a path outside the sandbox.
-CORPUS = {
-    "infinite_loop": "while True:\n    pass\n",
-    "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-    "memory_bomb": "block = bytearray(8 * 1024 ** 3)\n",
-    "disk_filler": "with open('filler.bin', 'wb') as f:\n    while True:\n        f.write(b'0' * 2 ** 20)\n",
-    "gigantic_output": "import sys\nwhile True:\n    sys.stdout.write('x' * 2 ** 20)\n",
-    "write_outside_absolute": "open({escape!r}, 'w').write('escaped')\n",
-    "write_outside_dotdot": "import os\nopen(os.path.join('..', '..', {escape!r}.lstrip('/')), 'w').write('escaped')\n",
-    "symlink_out": "import os\nos.symlink({escape!r}, 'link')\nopen('link', 'w').write('escaped')\n",
-    "read_parent_environment": "import os\nprint(open('/proc/{pid}/environ', 'rb').read())\n",
-    "print_the_environment": "import os\nprint(dict(os.environ))\nraise SystemExit(4)\n",
-    "kill_the_launcher": "import os, signal\nos.kill({pid}, signal.SIGKILL)\n",
-    "network": "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\n",
-    "background_process": "import subprocess\nsubprocess.Popen(['sleep', '987'], start_new_session=True)\nraise SystemExit(5)\n",
-    "sleep_past_timeout": "import time\ntime.sleep(600)\n",
-}
-# Needs root-only protections (privilege drop) to be an error; a non-root launcher reports them
-# as errors anyway because the kernel refuses the same things to any unprivileged user.
-ROOT_ONLY = {"write_outside_absolute", "write_outside_dotdot", "symlink_out", "read_parent_environment"}
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="distinct uids per rollout need a root launcher")
 
 
-def program(name: str) -> str:
-    return CORPUS[name].format(pid=LAUNCHER, escape=str(ESCAPE), secret=SECRET)
+def call(tools: Toolbox, name: str, **arguments: str) -> str:
+    return asyncio.run(tools.run(name, arguments)).as_text()
 
 
-def _leftovers() -> list[str]:
-    """Processes the corpus may have left: `sleep 987` and anything of a sandbox cgroup."""
+@contextlib.contextmanager
+def workspace(limits=LIMITS, **kwargs):
+    ws = Workspace(limits, **kwargs)
+    try:
+        yield ws, Toolbox(workspace_tools.TOOLS, ws)
+    finally:
+        ws.close()
+
+
+def _sleepers() -> list[str]:
+    """Processes the corpus may have left: `sleep 987`."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if "sleep 987" in cmdline:
-                found.append(f"{entry.name}: {cmdline}")
-    root = _pids_cgroup_root()
-    if root is not None:
-        remove_stale_cgroups()
-        for group in root.glob("opd-sandbox-*"):
             with contextlib.suppress(OSError):
-                if (group / "cgroup.procs").read_text().split():
-                    found.append(f"{group}: {(group / 'cgroup.procs').read_text().split()}")
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                if "sleep 987" in cmdline:
+                    found.append(f"{entry.name}: {cmdline}")
     return found
 
 
@@ -81,20 +71,183 @@ def _secret_and_cleanup(monkeypatch: pytest.MonkeyPatch):
     ESCAPE.unlink(missing_ok=True)
     yield
     assert not ESCAPE.exists(), "a program wrote outside its sandbox"
-    assert _leftovers() == [], "a program left processes behind"
+    deadline = time.monotonic() + 5
+    while _sleepers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _sleepers() == [], "a program left processes behind"
 
 
-def _check_skip(name: str) -> None:
-    if name == "fork_bomb" and _pids_cgroup_root() is None and os.geteuid() == 0:
-        pytest.skip("no pids cgroup and running as root: Linux would not limit a fork bomb (README, Guarantees)")
-    if name in ROOT_ONLY and os.geteuid() == 0 and not DROPS_ROOT:
-        pytest.skip("running as root without a sandbox user: the code could do this (README, Guarantees)")
+# ---- 1. rollouts are isolated from one another ---------------------------------------------
+
+
+def test_a_rollout_cannot_reach_another_rollouts_files_processes_or_memory() -> None:
+    with workspace() as (victim, victim_tools), workspace() as (attacker, attacker_tools):
+        call(victim_tools, "write_file", path="test_solution.py", content=f"# {SECRET}\nassert True\n")
+
+        async def both() -> tuple[str, str]:
+            # The victim runs a process holding the secret in its memory and environment.
+            holding = asyncio.create_task(victim.terminal(f"export SECRET_VAR={SECRET}; python -c \"import time; s = '{SECRET}' * 3; time.sleep(3)\""))
+            await asyncio.sleep(1.0)
+            probe = (
+                f"cat {victim.root}/test_solution.py; echo tamper > {victim.root}/test_solution.py; ls {victim.root}; "
+                "ls /proc | grep -E '^[0-9]+$' | wc -l; "
+                # (the pattern's last character in brackets: grep's own argv does not match it)
+                "for p in /proc/[0-9]*; do cat $p/environ $p/cmdline 2>/dev/null; head -c 100000 $p/mem 2>/dev/null; done "
+                f"| grep -c '{SECRET[:-1]}[{SECRET[-1]}]'; "
+                "ls /tmp; ls " + str(victim.root.parent)
+            )
+            seen = await attacker.terminal(probe)
+            return seen, await holding
+
+        seen, held = asyncio.run(both())
+        assert SECRET not in seen, seen
+        assert "exit code 0" in held  # the victim ran undisturbed
+        assert call(victim_tools, "read_file", path="test_solution.py").startswith(f"# {SECRET}")  # not overwritten
+        processes, matches = seen.splitlines()[:2]
+        assert int(processes) <= 6 and matches == "0"  # it sees only its own processes, and no secret in them
+
+
+@AS_ROOT
+def test_rollouts_run_as_different_uids_and_own_their_files() -> None:
+    with workspace() as (one, one_tools), workspace() as (two, two_tools):
+        assert one.lease.uid != two.lease.uid
+        call(one_tools, "write_file", path="a/b.py", content="x = 1\n")
+        assert (one.root / "a").stat().st_uid == one.lease.uid and (one.root / "a" / "b.py").stat().st_uid == one.lease.uid
+        assert stat.S_IMODE(one.root.stat().st_mode) == 0o700 and one.root.stat().st_uid == one.lease.uid
+        assert call(one_tools, "terminal", command="id -u").startswith(str(one.lease.uid))
+
+
+# ---- 2. no privileged walk over paths the code controls --------------------------------------
+
+
+def test_symlink_swaps_while_the_file_tools_run_never_reach_outside(tmp_path: Path) -> None:
+    target = tmp_path / "root-only.txt"
+    target.write_text("untouched")
+    target.chmod(0o600)
+    before = target.stat()
+    swapper = (
+        f"for i in $(seq 1 2000); do mkdir -p d; rm -rf d; ln -s {tmp_path} d; rm -f d; mkdir d; "
+        f"ln -sf {target} f.txt; rm -f f.txt; mkfifo f.txt; rm -f f.txt; done"
+    )
+    with workspace(sandbox_limits(timeout_s=8, cpu_s=8)) as (ws, tools):
+
+        async def race() -> list[str]:
+            swapping = asyncio.create_task(ws.terminal(swapper))
+            results = []
+            while not swapping.done():
+                for name, arguments in (("write_file", {"path": "d/root-only.txt", "content": "pwned"}), ("write_file", {"path": "f.txt", "content": "pwned"}),
+                                        ("read_file", {"path": "d/root-only.txt"}), ("read_file", {"path": "f.txt"}),
+                                        ("patch", {"path": "f.txt", "old": "untouched", "new": "pwned"})):
+                    results.append((await tools.run(name, arguments)).as_text())
+                await asyncio.sleep(0)
+            await swapping
+            return results
+
+        results = asyncio.run(race())
+    after = target.stat()
+    assert target.read_text() == "untouched" and (after.st_uid, after.st_gid, after.st_mode) == (before.st_uid, before.st_gid, before.st_mode)
+    assert not any("untouched" in r for r in results)  # never read through a link
+    assert len(results) > 20
+
+
+# ---- 3. FIFOs and other non-regular files ----------------------------------------------------
+
+
+def test_a_fifo_never_blocks_the_file_tools_or_the_reward() -> None:
+    with workspace() as (ws, tools):
+        assert "exit code 0" in call(tools, "terminal", command="mkfifo pipe && mkfifo solution.py && python -c \"import socket; s = socket.socket(socket.AF_UNIX); s.bind('sock')\"")
+        started = time.monotonic()
+        for name, arguments in (("read_file", {"path": "pipe"}), ("write_file", {"path": "pipe", "content": "x"}),
+                                ("patch", {"path": "pipe", "old": "a", "new": "b"}), ("read_file", {"path": "sock"}), ("write_file", {"path": "sock", "content": "x"})):
+            outcome = asyncio.run(tools.run(name, arguments))
+            assert outcome.status == "error" and "not a regular file" in outcome.as_text(), (name, outcome)
+        outcome = asyncio.run(run_task_tests(ws, "from solution import f\n", LIMITS, 1000))
+        assert outcome.level in ("nothing_written", "crash")
+        assert time.monotonic() - started < 5
+
+
+# ---- 4. and 5. the coding reward's verdict ------------------------------------------------------
+
+TESTS = "from solution import add_3\nassert add_3(1) == 4\nassert add_3(-3) == 0\nprint('All tests passed!')\n"
+GOOD = "def add_3(x):\n    return x + 3\n"
+FORGERIES = {
+    "prints_success_and_exits_0": "print('All tests passed!')\nimport sys\nsys.exit(0)\n",
+    "exits_0_at_import": "import os\nos._exit(0)\n",
+    "exits_0_in_the_call": "def add_3(x):\n    import os\n    os._exit(0)\n",
+    "returns_an_object_equal_to_everything": "class Yes:\n    def __eq__(self, other):\n        return True\ndef add_3(x):\n    return Yes()\n",
+    "patches_assert_and_builtins": "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\nbuiltins.print = lambda *a, **k: None\ndef add_3(x):\n    return 0\n",
+    "writes_its_own_tests": "open('test_solution.py', 'w').write('pass')\nopen('tests.py', 'w').write('pass')\ndef add_3(x):\n    return 0\n",
+    "reads_the_tests_to_cheat": "import glob\nprint(glob.glob('/**/tests.py', recursive=True))\ndef add_3(x):\n    return 0\n",
+    "forges_protocol_answers": "import os\nfor fd in range(3, 40):\n    try:\n        os.write(fd, b'{\"value\": 4}\\n{\"value\": 0}\\n')\n    except OSError:\n        pass\ndef add_3(x):\n    return 0\n",
+    "kills_everything_it_sees": "import os, signal\nfor p in range(1, 400):\n    try:\n        os.kill(p, signal.SIGKILL)\n    except OSError:\n        pass\ndef add_3(x):\n    return 0\n",
+    "sleeps_forever": "def add_3(x):\n    import time\n    time.sleep(600)\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_no_solution_can_forge_a_pass(name: str) -> None:
+    with workspace() as (ws, tools):
+        call(tools, "write_file", path="solution.py", content=FORGERIES[name])
+        outcome = asyncio.run(run_task_tests(ws, TESTS, LIMITS, 200_000))
+    assert outcome.level in ("assertion", "crash"), (name, outcome)
+
+
+def test_correct_solutions_pass_however_much_they_print_and_however_long_they_are() -> None:
+    loud = "print('x' * 5_000_000)\nimport sys\nsys.stderr.write('y' * 5_000_000)\n" + GOOD
+    long = GOOD + "# padding\n" * 5000  # 55,000 characters: over env.max_file_chars, under reward.max_solution_chars
+    with workspace(max_file_chars=20_000) as (ws, tools):
+        for source in (loud, long):
+            assert "exit code 0" in call(tools, "terminal", command=f"python -c \"import sys; open('solution.py', 'w').write(sys.stdin.read())\" <<'EOF'\n{source}EOF")
+            assert asyncio.run(run_task_tests(ws, TESTS, LIMITS, 200_000)).level == "pass"
+        outcome = asyncio.run(run_task_tests(ws, TESTS, LIMITS, 50_000))
+        assert outcome.level == "crash" and "max_solution_chars" in outcome.detail  # its own setting
+
+
+# ---- 6. the jail's view of the machine -------------------------------------------------------
+
+
+def test_proc_tmp_shm_and_user_namespaces() -> None:
+    with workspace(sandbox_limits(timeout_s=10, tmp_mb=8)) as (ws, tools):
+        first = call(tools, "terminal", command=(
+            "ls /proc | grep -cE '^[0-9]+$'; for d in /tmp /var/tmp /dev/shm; do echo x > $d/left 2>/dev/null && echo wrote $d; done; "
+            "head -c 20000000 /dev/zero > /dev/shm/big; echo shm=$?; unshare -U true; echo userns=$?; cat /etc/shadow /root/.bash_history 2>&1 | head -2"))
+        second = call(tools, "terminal", command="ls /tmp /var/tmp /dev/shm 2>&1; echo listed")
+    processes = int(first.splitlines()[0])
+    assert processes <= 4, first  # its own processes only (bash, ls, grep and the jail's init)
+    assert "shm=1" in first and "userns=1" in first, first  # /dev/shm capped at tmp_mb; no user namespaces
+    assert "root:" not in first
+    assert "left" not in second and "big" not in second, second  # nothing survives the call
+
+
+# ---- hostile programs beside normal ones -----------------------------------------------------
+
+CORPUS = {
+    "infinite_loop": "while True:\n    pass\n",
+    "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+    "memory_bomb": "block = bytearray(8 * 1024 ** 3)\n",
+    "disk_filler": "with open('filler.bin', 'wb') as f:\n    while True:\n        f.write(b'0' * 2 ** 20)\n",
+    "gigantic_output": "import sys\nwhile True:\n    sys.stdout.write('x' * 2 ** 20)\n",
+    "write_outside_absolute": "open({escape!r}, 'w').write('escaped')\n",
+    "symlink_out": "import os\nos.symlink({escape!r}, 'link')\nopen('link', 'w').write('escaped')\n",
+    "read_parent_environment": "import os\nprint(open('/proc/{pid}/environ', 'rb').read())\n",
+    "print_the_environment": "import os\nprint(dict(os.environ))\nraise SystemExit(4)\n",
+    "kill_the_launcher": "import os, signal\nos.kill({pid}, signal.SIGKILL)\n",
+    "network": "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\n",
+    "background_process": "import subprocess\nsubprocess.Popen(['sleep', '987'], start_new_session=True)\nraise SystemExit(5)\n",
+    "double_fork_daemon": "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execvp('sleep', ['sleep', '987'])\n    os._exit(0)\nraise SystemExit(6)\n",
+    "sleep_past_timeout": "import time\ntime.sleep(600)\n",
+    "raise_limits": "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (10**6, 10**6))\n",
+    "shm_filler": "open('/dev/shm/x', 'wb').write(b'0' * 2 ** 30)\n",
+}
+
+
+def program(name: str) -> str:
+    return CORPUS[name].format(pid=LAUNCHER, escape=str(ESCAPE), secret=SECRET)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_python_tool_contains_and_reports(name: str) -> None:
-    _check_skip(name)
     result = asyncio.run(run_python(program(name), LIMITS))
     assert result.error is not None, (name, result)
     assert SECRET not in result.stdout + result.stderr
@@ -106,24 +259,57 @@ def test_python_tool_contains_and_reports(name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_agent_terminal_contains_and_reports(name: str) -> None:
-    _check_skip(name)
-    workspace = Workspace(LIMITS, max_file_chars=5000)
-    tools = Toolbox(workspace_tools.TOOLS, workspace)
-
-    def call(tool: str, **arguments: str) -> str:
-        return asyncio.run(tools.run(tool, arguments)).as_text()
-
-    try:
-        assert call("write_file", path="evil.py", content=program(name)).startswith("wrote")
-        output = call("terminal", command="python evil.py")
-        status = re.search(r"\[(exit code (-?\d+)|timed out after [\d.]+ s)\]$", output)
+    with workspace(max_file_chars=5000) as (_, tools):
+        assert call(tools, "write_file", path="evil.py", content=program(name)).startswith("wrote")
+        output = call(tools, "terminal", command="python evil.py")
+        status = re.search(r"\[(exit code (-?\d+)|timed out after [\d.]+ s)[^\]]*\]$", output)
         assert status is not None, output[-300:]
         assert status.group(2) != "0", output[-300:]
-        assert len(output) <= 2 * LIMITS.output_chars + 200
+        assert len(output) <= 2 * LIMITS.output_chars + 300
         assert SECRET not in output
-        assert call("terminal", command="echo fine") == "fine\n[exit code 0]"
-    finally:
-        workspace.close()
+        assert call(tools, "terminal", command="echo fine") == "fine\n[exit code 0]"
+
+
+@pytest.mark.slow
+def test_sixteen_hostile_calls_beside_sixteen_normal_ones_leave_the_normal_ones_alone() -> None:
+    hostile = ["fork_bomb", "memory_bomb", "disk_filler", "gigantic_output", "infinite_loop", "shm_filler", "kill_the_launcher", "double_fork_daemon"] * 2
+    normal = "import math\nprint(sum(i * i for i in range(1000)), math.factorial(10))"
+
+    async def together() -> list:
+        calls = [run_python(program(name), LIMITS) for name in hostile] + [run_python(normal, sandbox_limits(timeout_s=60)) for _ in range(16)]
+        return await asyncio.gather(*calls)
+
+    results = asyncio.run(together())
+    for result in results[16:]:
+        assert result.error is None and result.stdout == "332833500 3628800\n", result
+    assert all(result.error is not None for result in results[:16])
+
+
+def test_a_workspace_over_its_quota_is_emptied_and_closed() -> None:
+    with workspace(sandbox_limits(timeout_s=10, workspace_mb=4, file_size_mb=2)) as (ws, tools):
+        call(tools, "write_file", path="solution.py", content=GOOD)
+        output = call(tools, "terminal", command="for i in 1 2 3 4; do head -c 1500000 /dev/zero > f$i; done; echo done")
+        assert "over its 4 MiB quota" in output and ws.used_mb() == 0
+        assert "quota" in call(tools, "read_file", path="solution.py")
+        assert "quota" in call(tools, "terminal", command="echo again")
+
+
+def test_a_cancelled_call_leaves_nothing_running() -> None:
+    # A run that ends (server lost, Ctrl-C) cancels its rollouts in the middle of tool calls.
+    code = "import subprocess, time\nsubprocess.Popen(['sleep', '987'], start_new_session=True)\ntime.sleep(600)\n"
+
+    async def cancel_midway() -> None:
+        task = asyncio.create_task(run_python(code, LIMITS))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_midway())
+    deadline = time.monotonic() + 5
+    while _sleepers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _sleepers() == []
 
 
 # ---------------------------------------------------------------- untrusted text
@@ -180,21 +366,3 @@ def test_parsers_never_raise_on_adversarial_token_soup(text: str) -> None:
             parse(text)
         except allowed:
             pass
-
-
-def test_a_cancelled_call_leaves_nothing_running() -> None:
-    # A run that ends (server lost, Ctrl-C) cancels its rollouts in the middle of tool calls.
-    code = "import subprocess, time\nsubprocess.Popen(['sleep', '987'], start_new_session=True)\ntime.sleep(600)\n"
-
-    async def cancel_midway() -> None:
-        task = asyncio.create_task(run_python(code, LIMITS))
-        await asyncio.sleep(1.0)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    asyncio.run(cancel_midway())
-    deadline = time.monotonic() + 5
-    while _leftovers() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _leftovers() == []

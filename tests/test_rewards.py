@@ -62,9 +62,16 @@ def test_format_violation(text: str, violation: float) -> None:
     assert math.format_violation(outcome(text)) == violation
 
 
-def test_is_correct_reads_the_last_box_after_think() -> None:
-    assert math.is_correct("<think>\\boxed{4}</think> \\boxed{0.5}", "\\frac{1}{2}", 200, 5)
-    assert not math.is_correct("<think>\\boxed{5}</think> no box", "5", 200, 5)
+def test_check_answer_reads_the_last_box_after_think() -> None:
+    from opd.event_loop import run_loop
+    from opd.rewards.verifier import Verifier
+
+    verifier = Verifier(workers=1)
+    try:
+        assert run_loop(math.check_answer("<think>\\boxed{4}</think> \\boxed{0.5}", "\\frac{1}{2}", verifier, 200)) is True
+        assert run_loop(math.check_answer("<think>\\boxed{5}</think> no box", "5", verifier, 200)) is False
+    finally:
+        verifier.close()
 
 
 def test_math_weights_make_the_scores_of_the_reference() -> None:

@@ -32,12 +32,23 @@ def bench_tools(repeats: int, calls: int = 40, concurrency: tuple[int, ...] = (1
 
     limits = compose(["env=opd_coding"], overrides).env.sandbox
     for at_once in concurrency:
-        workspace = Workspace(limits)
+        # One workspace per rollout in flight (a rollout's own calls come one after another).
+        workspaces = [Workspace(limits) for _ in range(at_once)]
+        free = list(workspaces)
+
+        async def terminal() -> None:
+            workspace = free.pop()
+            try:
+                await workspace.terminal("echo ok")
+            finally:
+                free.append(workspace)
+
         try:
-            for name, make in (("python", lambda: run_python("1 + 1", limits)), ("terminal", lambda: workspace.terminal("echo ok"))):
+            for name, make in (("python", lambda: run_python("1 + 1", limits)), ("terminal", terminal)):
                 runs = [run_loop(_round_trips(calls, at_once, make)) for _ in range(repeats)]
                 per_run = [statistics.median(r) for r in runs]
                 yield {"bench": "tools", "tool": name, "concurrency": at_once, "calls": calls,
                        "median_s": median(per_run), "p90_s": median([sorted(r)[int(0.9 * len(r))] for r in runs]), "runs": [round(x, 4) for x in per_run]}
         finally:
-            workspace.close()
+            for workspace in workspaces:
+                workspace.close()

@@ -15,12 +15,12 @@ from opd.data import math_builtin
 from opd.data.sources import TaskSet, mapped_rows, split
 
 Row = dict[str, str]
-_NUMBER = re.compile(r"[-+]?\d+(\.\d+)?")
+_NUMBER = re.compile(r"[-+]?(\d+|\d{1,3}(,\d{3})+)(\.\d+)?")
 
 
 def is_plain_number(answer: str) -> bool:
-    """True for `42`, `-3`, `2.5`, `1,000`; False for `2+3`, `1/3`, `\\sqrt{2}` (dataset filter)."""
-    return _NUMBER.fullmatch(answer.strip().replace(",", "")) is not None
+    """True for `42`, `-3`, `2.5`, `1,000`; False for `1,5`, `2+3`, `1/3`, `\\sqrt{2}` (dataset filter)."""
+    return _NUMBER.fullmatch(answer.strip()) is not None
 
 
 def load_math(cfg: DatasetConfig) -> TaskSet:

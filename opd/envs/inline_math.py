@@ -25,6 +25,7 @@ from opd.envs.base import EvalResult, OPDBaseEnv
 from opd.records import Sequence
 from opd.rewards import math as rewards
 from opd.rewards.rubric import Rubric, Scored
+from opd.rewards.verifier import Verifier
 from opd.tools import math_tools
 from opd.tools.calculator import CalculatorLimits
 from opd.tools.registry import Toolbox, ToolOutcome
@@ -40,6 +41,7 @@ class Rollout:
     tool_errors: int = 0  # calls whose result is an error: malformed, refused or failed
     finish: str = "eos"  # eos | max_new_tokens | context | tool_after_think
     generated_tokens: int = 0
+    verify_timed_out: bool = False  # math-verify ran out of time on the answer (not verified)
 
 
 class InlineMathEnv(OPDBaseEnv):
@@ -52,6 +54,7 @@ class InlineMathEnv(OPDBaseEnv):
         self.cfg = cfg
         self.reward_cfg = reward
         self.rubric = Rubric(rewards.SIGNALS, reward.weights)
+        self.verifier = Verifier(reward.verify_workers, reward.verify_timeout_s)
         self.toolbox = Toolbox(math_tools.TOOLS, math_tools.MathTools(CalculatorLimits(max_chars=cfg.calculator_max_chars), cfg.sandbox))
         self.dynamic_pool: list[tuple[str, str]] = []
         self.stop_id = self.tokenizer.convert_tokens_to_ids(CLOSE)
@@ -107,8 +110,9 @@ class InlineMathEnv(OPDBaseEnv):
         rollout.text += response
 
     async def score(self, rollout: Rollout, answer: str) -> Scored:
-        correct = rewards.is_correct(rollout.text, answer, self.reward_cfg.max_answer_chars, self.reward_cfg.verify_timeout_s)
-        return self.rubric.score(rewards.MathOutcome(rollout.text, rollout.tool_calls_run, correct))
+        correct = await rewards.check_answer(rollout.text, answer, self.verifier, self.reward_cfg.max_answer_chars)
+        rollout.verify_timed_out = correct is None
+        return self.rubric.score(rewards.MathOutcome(rollout.text, rollout.tool_calls_run, bool(correct)))
 
     # ---- groups ----------------------------------------------------------------------------
 
@@ -131,6 +135,7 @@ class InlineMathEnv(OPDBaseEnv):
                 "tool_errors": r.tool_errors,
                 "finish": r.finish,
                 "generated_tokens": r.generated_tokens,
+                "verify_timed_out": r.verify_timed_out,
             }
             for r, s in zip(rollouts, scored)
         ]
@@ -156,6 +161,7 @@ class InlineMathEnv(OPDBaseEnv):
             "tool_calls/mean": sum(d["tool_calls"] for d in details) / n,
             "truncated_rate": sum(d["finish"] in ("max_new_tokens", "context") for d in details) / n,
             "dynamic_pool/size": float(len(self.dynamic_pool)),
+            "math_verify/timeouts": float(sum(d.get("verify_timed_out", False) for d in details)),
         }
 
     # ---- evaluation ------------------------------------------------------------------------
@@ -168,3 +174,7 @@ class InlineMathEnv(OPDBaseEnv):
             "tool_use_rate": float(rollout.tool_calls_run > 0),
             "format_violation_rate": scored.signals["format_violation"],
         })
+
+    async def close(self) -> None:
+        await super().close()
+        self.verifier.close()

@@ -96,7 +96,8 @@ class OPDCodingEnv(OPDBaseEnv):
                 tracer=self.tracer,
             )
             with self.tracer.span("task tests", "TOOL") as span:
-                tests = await rewards.run_task_tests(workspace.root, task["test_code"], replace(self.cfg.sandbox, timeout_s=self.reward_cfg.tests_timeout_s))
+                tests = await rewards.run_task_tests(workspace, task["test_code"], replace(self.cfg.sandbox, timeout_s=self.reward_cfg.tests_timeout_s),
+                                                     self.reward_cfg.max_solution_chars)
                 span.outputs(tests.level)
         finally:
             workspace.close()

@@ -4,56 +4,37 @@
 - `efficiency`: by assistant turns used; `tool_usage`: writing code and running it.
 Each is a raw value in [0, 1]; the weights make the score.
 
-Correctness comes from the task's own tests, run by the reward: only the agent's `solution.py`
-is copied into a fresh directory next to the task's test file, so nothing else the agent wrote
-(its own test files included) can affect the verdict. The test run must print a per-run random
-marker after the last assertion, so a solution that exits early with status 0 does not pass.
+Correctness comes from the task's own tests, run by the reward in `opd.rewards.harness`: only
+the agent's `solution.py` takes part, and the verdict comes from a process the solution cannot
+reach, so nothing else the agent wrote (its own tests included) and nothing the solution prints or
+exits with can change it.
 """
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from opd.config import SandboxConfig
+from opd.rewards.harness import TestOutcome, run_tests
 from opd.rewards.rubric import Signals
 from opd.tools.registry import ToolError
 from opd.tools.workspace import Workspace
 
 SOLUTION = "solution.py"
-TASK_TESTS = "_task_tests.py"
 
 
-@dataclass(frozen=True)
-class TestOutcome:
-    """What running the task's tests against the solution gave."""
-
-    level: str  # pass | assertion | crash | nothing_written
-    output: str
-
-
-async def run_task_tests(solution_dir: Path, test_code: str, limits: SandboxConfig) -> TestOutcome:
-    solution = solution_dir / SOLUTION
-    if not solution.is_file() or solution.is_symlink():
-        return TestOutcome("nothing_written", "")
-    marker = f"opd-tests-completed-{secrets.token_hex(8)}"
-    workspace = Workspace(limits)
+async def run_task_tests(workspace: Workspace, test_code: str, limits: SandboxConfig, max_solution_chars: int) -> TestOutcome:
+    """The task's own tests against the workspace's solution.py, in the harness (no file the agent
+    wrote but solution.py takes part, and the verdict cannot be forged)."""
     try:
-        try:
-            workspace.write_file(SOLUTION, solution.read_text(encoding="utf-8", errors="replace"))
-        except ToolError as err:
-            return TestOutcome("crash", f"error: {err}")
-        workspace.write_file(TASK_TESTS, f"{test_code}\nprint({marker!r})\n")
-        output = await workspace.terminal(f"python {TASK_TESTS}")
-    finally:
-        workspace.close()
-    if output.endswith("[exit code 0]") and marker in output:
-        return TestOutcome("pass", output)
-    if "AssertionError" in output:
-        return TestOutcome("assertion", output)
-    return TestOutcome("crash", output)
+        data = workspace.read_bytes(SOLUTION, 4 * max_solution_chars)
+    except ToolError as err:
+        return TestOutcome("nothing_written", str(err))
+    source = data.decode("utf-8", errors="replace")
+    if len(source) > max_solution_chars:
+        return TestOutcome("crash", f"solution.py is longer than reward.max_solution_chars={max_solution_chars}")
+    return await run_tests(source, test_code, limits)
 
 
 @dataclass(frozen=True)

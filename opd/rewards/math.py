@@ -9,12 +9,13 @@ Each is 1.0 when it applies, else 0.0; the weights make the score.
 
 from __future__ import annotations
 
-import functools
 import logging
+import re
 from dataclasses import dataclass
 
 from opd.rewards.boxed import final_answer
 from opd.rewards.rubric import Signals
+from opd.rewards.verifier import Verifier
 
 logger = logging.getLogger(__name__)
 
@@ -28,36 +29,26 @@ class MathOutcome:
     answer_correct: bool  # the final answer verified against the reference
 
 
-def answers_match(predicted: str | None, reference: str, max_chars: int = 200, timeout_s: float = 5.0) -> bool:
-    """math-verify equivalence (`0.5` = `\\frac{1}{2}`), with an exact-string fast path.
+_THOUSANDS = re.compile(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?")
 
-    Answers longer than `max_chars` are refused (False); the verifier's own timeouts bound the
-    rest. Never raises.
-    """
+
+def normalise(answer: str) -> str:
+    """The answer without surrounding space, and without thousands separators where they are
+    separators (`1,000` -> `1000`; `1,5` and `2,3` stay as they are)."""
+    answer = answer.strip()
+    return answer.replace(",", "") if _THOUSANDS.fullmatch(answer) else answer
+
+
+async def check_answer(text: str, reference: str, verifier: Verifier, max_chars: int) -> bool | None:
+    """Does the last `\\boxed{}` after `</think>` match `reference`? Equal after `normalise`, or
+    equivalent by math-verify (`0.5` = `\\frac{1}{2}`) in the verifier's workers. Answers longer
+    than `max_chars` are refused (False); None when math-verify timed out (not verified)."""
+    predicted = final_answer(text)
     if predicted is None or not predicted.strip() or len(predicted) > max_chars:
         return False
-    if predicted.strip().replace(",", "") == reference.strip().replace(",", ""):
+    if normalise(predicted) == normalise(reference):
         return True
-    return _verified(predicted, reference, max(1, int(round(timeout_s))))
-
-
-@functools.lru_cache(maxsize=8192)
-def _verified(predicted: str, reference: str, timeout: int) -> bool:
-    """math-verify, cached: a group's rollouts often give the same answer, and it costs ~2 ms."""
-    try:
-        from math_verify import parse, verify
-
-        gold = parse(f"${reference}$", parsing_timeout=timeout)
-        guess = parse(f"${predicted}$", parsing_timeout=timeout)
-        return bool(gold and guess and verify(gold, guess, timeout_seconds=timeout))
-    except Exception as err:  # the verifier raises a variety of parse errors on hostile input
-        logger.debug("math-verify failed on %r: %s", predicted[:80], err)
-        return False
-
-
-def is_correct(text: str, reference: str, max_chars: int, timeout_s: float) -> bool:
-    """The last boxed answer after `</think>` verifies against `reference`."""
-    return answers_match(final_answer(text), reference, max_chars, timeout_s)
+    return await verifier.matches(predicted, reference)
 
 
 SIGNALS: Signals[MathOutcome] = Signals()

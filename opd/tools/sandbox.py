@@ -1,46 +1,61 @@
-"""Run untrusted Python in a limited subprocess.
+"""Run untrusted code in a jail: bubblewrap (`bwrap`), one call at a time, each call alone.
 
-What it guarantees: each run gets a fresh temporary directory as its working directory and HOME,
-a scrubbed environment (no variables of the parent), the interpreter in isolated mode, resource
-limits set before `exec` (CPU seconds, address space, file size, open files), a process-count
-limit (a pids cgroup where one can be created, else RLIMIT_NPROC, which Linux does not apply to
-root), a wall-clock timeout after which every process it started is killed, stdout/stderr
-captured to files and truncated, a new PID namespace (it cannot see or signal the processes
-outside: not the launcher, not other rollouts) and a new network namespace (no network) where the
-kernel allows them. It is not a container: the code can read world-readable files outside its
-directory and use CPU until its limit.
+Per call (`env.sandbox.backend: bwrap`):
+- its own mount namespace: the interpreter and the system's libraries read-only, the call's own
+  directory the only writable place on disk, a private `/tmp` and a size-capped `/dev/shm`
+  (`tmp_mb` each, RAM-backed, gone with the call), its own `/proc` (a new PID namespace: it sees
+  only its own processes), no network (a new network namespace), no new user namespaces, a new
+  session, and it dies with its parent;
+- when the launcher runs as root, a uid of its own (`uid_base` onwards, leased per workspace or
+  per python call, never shared by two at once, also across launchers on one machine), so even a
+  bind that leaked would not let one rollout read or write another's files or signal its
+  processes, and the process limit (RLIMIT_NPROC, counted per uid) is the call's own;
+- resource limits set before anything runs (`prlimit`): CPU seconds, address space, file size,
+  open files, processes, no core dumps; a wall-clock timeout after which the jail is killed, and
+  with it every process inside;
+- output captured to files outside the jail and cut to `output_chars`; the error says in words
+  which limit stopped the call (CPU seconds, memory, file size, wall clock, a signal).
 
-Where `sh`, `prlimit` and `unshare` are available the child is started by vfork and the limits are
-applied by that exec chain (`_exec_chain`), so a call never blocks the event loop on a fork of
-the launcher; elsewhere the same limits are applied by Python code between fork and exec.
+Where bwrap cannot be used, `backend: unshare` runs the same limits and uid scheme with util-linux
+`unshare` (PID and network namespaces, no mount isolation: the code can read world-readable files
+and shares /tmp); it says so with a warning. A missing or unusable bwrap with `backend: bwrap` is
+an error that names the fix.
+
+The launcher creates and removes the call directories itself; nothing it does follows a path the
+jailed code could have changed (see `opd.tools.workspace` for the file tools).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import ctypes
+import contextlib
+import fcntl
 import logging
 import os
-import pwd
-import resource
+import random
 import shutil
 import signal
+import stat
+import subprocess
 import sys
 import tempfile
-import subprocess
 import textwrap
 import time
-import uuid
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from opd.config import SandboxConfig
 
 logger = logging.getLogger(__name__)
 
-_CLONE_NEWNET = 0x40000000
+MIB = 1024 * 1024
+# Inside a bwrap jail: where `python` and `python3` link to the jail's interpreter.
+BIN_DIR = "/opd/bin"
+# Leased uids: this many above uid_base.
+UID_COUNT = 60_000
 
 # Executed by the child: runs the snippet and prints the value of a trailing expression, as a REPL
 # would, so `x = 2\nx * 3` shows 6.
@@ -60,9 +75,13 @@ _RUNNER = textwrap.dedent(
 )
 
 
+class SandboxUnavailable(RuntimeError):
+    """The configured backend cannot run here; the message says why and what to do."""
+
+
 @dataclass(frozen=True)
 class SandboxResult:
-    """What a sandboxed run produced; `error` is None only for a clean exit with code 0."""
+    """What a jailed call produced; `error` is None only for a clean exit with code 0."""
 
     stdout: str
     stderr: str
@@ -78,245 +97,255 @@ class SandboxResult:
         return result
 
 
+# ---- uids ----------------------------------------------------------------------------------
+
+
 @lru_cache(maxsize=1)
-def _unshare() -> str | None:
-    """The unshare binary, if it can create a PID namespace here (root, or user namespaces)."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return None
-    try:
-        ok = subprocess.run([unshare, "--pid", "--fork", "--kill-child", "--", "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    if not ok:
-        logger.warning("no PID namespaces here: sandboxed code can see and signal other processes of its user")
-    return unshare if ok else None
-
-
-def _drop_privileges(ids: tuple[int, int]) -> None:
-    """In a child before exec: become the sandbox user, with no supplementary groups."""
-    os.setgroups([])
-    os.setgid(ids[1])
-    os.setuid(ids[0])
-
-
-def _runs_as(ids: tuple[int, int], python: str) -> bool:
-    """Can the sandbox user start this interpreter (every directory above it must let it in)?"""
-    try:
-        return subprocess.run([python, "-I", "-c", "pass"], preexec_fn=lambda: _drop_privileges(ids), capture_output=True, timeout=30, cwd="/").returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-@lru_cache(maxsize=8)
-def sandbox_plan(user: str) -> tuple[tuple[int, int] | None, str]:
-    """((uid, gid) to drop to or None, the interpreter sandboxed code runs).
-
-    Only root drops privileges. The project's interpreter is used when the sandbox user can run
-    it; a virtualenv under /root cannot be, so the system's python3 is used then.
-    """
-    if os.geteuid() != 0 or not user:
-        return None, sys.executable
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        logger.warning("sandbox user %r does not exist: sandboxed code runs as root", user)
-        return None, sys.executable
-    ids = (entry.pw_uid, entry.pw_gid)
-    for python in (sys.executable, shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")):
-        if python and _runs_as(ids, python):
-            if python != sys.executable:
-                logger.info("sandboxed code runs %s as %s (%s is not reachable by that user)", python, user, sys.executable)
-            return ids, python
-    logger.warning("user %r cannot run any python here: sandboxed code runs as root", user)
-    return None, sys.executable
-
-
-@lru_cache(maxsize=8)
-def _bin_dir(python: str) -> str:
-    """A directory with `python` and `python3` pointing at the sandbox's interpreter (first on PATH)."""
-    if os.path.basename(python) == "python" and python == sys.executable:
-        return os.path.dirname(python)
-    path = tempfile.mkdtemp(prefix="opd-sandbox-bin-")
-    os.chmod(path, 0o755)
-    for name in ("python", "python3"):
-        os.symlink(python, os.path.join(path, name))
-    atexit.register(shutil.rmtree, path, True)
+def _lock_dir() -> Path:
+    """Where uid leases are locked: a root-only directory (jailed code cannot reach it)."""
+    path = Path(tempfile.gettempdir()) / f"opd-uid-leases-{os.geteuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
     return path
 
 
-def _give_to(workdir: str, ids: tuple[int, int]) -> None:
-    """Make the run's directory tree the sandbox user's (files our own tools wrote included)."""
-    uid, gid = ids
-    os.lchown(workdir, uid, gid)
-    for root, dirs, files in os.walk(workdir):
-        for name in dirs + files:
-            os.lchown(os.path.join(root, name), uid, gid)
+class UidLease:
+    """One uid for one workspace or call: held through an exclusive lock on a file per uid, so two
+    leases never share a uid, in this process or any other on the machine (a process that dies
+    releases its locks). None as `uid` means the launcher is not root: calls keep its uid."""
+
+    def __init__(self, uid: int | None, fd: int | None) -> None:
+        self.uid, self._fd = uid, fd
+
+    @classmethod
+    def take(cls, base: int) -> "UidLease":
+        if os.geteuid() != 0:
+            return cls(None, None)
+        lock_dir = _lock_dir()
+        start = random.randrange(UID_COUNT)
+        for step in range(UID_COUNT):
+            uid = base + (start + step) % UID_COUNT
+            fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return cls(uid, fd)
+        raise SandboxUnavailable(f"all {UID_COUNT} sandbox uids from {base} are leased")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
-@lru_cache(maxsize=1)
-def _launchers() -> tuple[str, str] | None:
-    """(sh, prlimit) when the limits can be applied by an exec chain instead of Python code run
-    between fork and exec (needs unshare too). Without a `preexec_fn`, CPython starts the child
-    with vfork: ~1 ms instead of a fork that copies the launcher's page tables (~40 ms at 500 MiB
-    RSS, during which the event loop, and so every other rollout, waits)."""
-    sh, prlimit = shutil.which("sh"), shutil.which("prlimit")
-    if sh is None or prlimit is None or _unshare() is None:
-        return None
-    return sh, prlimit
+# ---- call directories ----------------------------------------------------------------------
 
 
-@lru_cache(maxsize=1)
-def _net_namespace_ok() -> bool:
-    """Can unshare also create a network namespace here?"""
-    unshare = _unshare()
-    if unshare is None:
+def _launcher_gone(directory: Path) -> bool:
+    """Is the launcher that made `directory` (opd-sandbox-<pid>-...) gone: no process with that
+    pid, and its lock on `.owner` free? A killed launcher cannot remove its directories."""
+    try:
+        pid = int(directory.name.split("-")[2])
+        os.kill(pid, 0)
+        return False
+    except (IndexError, ValueError):
+        return False
+    except ProcessLookupError:
+        pass
+    except PermissionError:
         return False
     try:
-        ok = subprocess.run([unshare, "--pid", "--fork", "--kill-child", "--net", "--", "true"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    if not ok:
-        logger.warning("no network namespaces here: sandboxed code keeps the network (isolate_network cannot apply)")
-    return ok
-
-
-def _exec_chain(argv: list[str], limits: SandboxConfig, cgroup: "_PidsCgroup", ids: tuple[int, int] | None) -> list[str]:
-    """argv behind the programs that apply what `_preexec` does, each exec'ing the next:
-    sh (joins the pids cgroup, before anything can fork), prlimit (resource limits), unshare
-    (`_command`: PID and network namespaces, then drops to the sandbox user)."""
-    launchers = _launchers()
-    assert launchers is not None
-    sh, prlimit = launchers
-    mib = 1024 * 1024
-    chain: list[str] = []
-    if cgroup.path is not None:
-        chain += [sh, "-c", 'echo 0 > "$0" && exec "$@"', str(cgroup.path / "cgroup.procs")]
-    chain += [prlimit, f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}", f"--as={limits.memory_mb * mib}", f"--fsize={limits.file_size_mb * mib}",
-              f"--nofile={limits.max_open_files}", "--core=0"]
-    if cgroup.path is None:  # per user, so shared by concurrent runs: the cgroup is per run
-        chain.append(f"--nproc={limits.max_processes}")
-    return [*chain, "--", *_command(argv, ids, net=limits.isolate_network and _net_namespace_ok())]
-
-
-def _command(argv: list[str], ids: tuple[int, int] | None, net: bool = False) -> list[str]:
-    """argv inside a new PID namespace (and network namespace if `net`), as the sandbox user,
-    where unshare works here."""
-    unshare = _unshare()
-    if unshare is None:
-        return list(argv)
-    drop = ["--setuid", str(ids[0]), "--setgid", str(ids[1])] if ids else []
-    return [unshare, "--pid", "--fork", "--kill-child", *(["--net"] if net else []), *drop, "--", *argv]
+        fd = os.open(directory / ".owner", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
 @lru_cache(maxsize=1)
-def _pids_cgroup_root() -> Path | None:
-    """A writable pids-controller hierarchy (cgroup v1 or v2), or None."""
-    for root in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):
-        if (root / "cgroup.procs").exists() and os.access(root, os.W_OK):
-            probe = root / f"opd-probe-{uuid.uuid4().hex[:8]}"
-            try:
-                probe.mkdir()
-            except OSError:
-                continue
-            try:
-                if (probe / "pids.max").exists():
-                    return root
-            finally:
-                probe.rmdir()
-    logger.info("no writable pids cgroup: the sandbox's process limit is RLIMIT_NPROC only (not enforced for root)")
-    return None
+def _calls_root() -> Path:
+    """This launcher's directory of call directories (removed at exit); those of launchers that
+    were killed are removed here."""
+    base = Path(tempfile.gettempdir())
+    for stale in base.glob("opd-sandbox-*"):
+        if stale.is_dir() and not stale.is_symlink() and _launcher_gone(stale):
+            shutil.rmtree(stale, ignore_errors=True)
+    root = Path(tempfile.mkdtemp(prefix=f"opd-sandbox-{os.getpid()}-", dir=base))
+    os.chmod(root, 0o711)  # leased uids may enter their own directory, not list the others
+    fd = os.open(root / ".owner", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held for the life of this process
+    atexit.register(shutil.rmtree, root, True)
+    return root
 
 
-_stale_cgroups: set[Path] = set()
+def make_call_dir(prefix: str, uid: int | None) -> Path:
+    """A fresh directory for a workspace or a call, owned by `uid`, private to it."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=_calls_root()))
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        if uid is not None:
+            os.fchown(fd, uid, uid)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return path
 
 
-def remove_stale_cgroups() -> None:
-    """Remove cgroups whose last process had not been reaped yet when their run ended."""
-    for path in list(_stale_cgroups):
-        try:
-            path.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            continue
-        _stale_cgroups.discard(path)
+def scratch_dir(prefix: str) -> Path:
+    """A fresh root-only directory (captured output, pipes' partners): no jailed code can reach it."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_calls_root()))
 
 
-atexit.register(remove_stale_cgroups)
+def remove_call_dir(path: Path) -> None:
+    """Remove a call directory (shutil.rmtree never follows a symlink the code left)."""
+    shutil.rmtree(path, ignore_errors=True)
 
 
-class _PidsCgroup:
-    """A cgroup that caps the number of processes of one sandboxed run and kills them all at the end."""
-
-    def __init__(self, max_processes: int) -> None:
-        remove_stale_cgroups()
-        root = _pids_cgroup_root()
-        self.path: Path | None = None
-        if root is not None:
-            path = root / f"opd-sandbox-{uuid.uuid4().hex}"
-            try:
-                path.mkdir()
-                (path / "pids.max").write_text(str(max_processes))
-                self.path = path
-            except OSError as err:
-                logger.warning("could not set up a pids cgroup (%s); RLIMIT_NPROC only", err)
-
-    def join(self) -> None:
-        """In the child before exec: move this process (and so all it starts) into the cgroup."""
-        if self.path is not None:
-            with open(self.path / "cgroup.procs", "w") as handle:
-                handle.write("0")
-
-    def close(self) -> None:
-        """Kill whatever is left in the cgroup, then remove it."""
-        if self.path is None:
-            return
-        for _ in range(50):
-            try:
-                pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-            except OSError:
-                break
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.02)
-        for _ in range(10):
-            try:
-                self.path.rmdir()
-                self.path = None
-                return
-            except OSError:
-                time.sleep(0.02)
-        # A killed process not reaped yet (e.g. the call was cancelled) keeps the cgroup busy.
-        _stale_cgroups.add(self.path)
-        self.path = None
+# ---- the jail ------------------------------------------------------------------------------
 
 
-def _preexec(limits: SandboxConfig, cgroup: _PidsCgroup, ids: tuple[int, int] | None) -> None:
-    """Runs in the child between fork and exec: apply limits, detach, drop the network, and
-    (without unshare, which otherwise does it inside the new namespace) drop root."""
-    os.setsid()
-    cgroup.join()
-    mib = 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mib, limits.memory_mb * mib))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mib, limits.file_size_mb * mib))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files))
-    if cgroup.path is None:  # per user, so shared by concurrent runs: the cgroup is per run
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if limits.isolate_network:
-        ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWNET)
-    if ids is not None and _unshare() is None:
-        _drop_privileges(ids)
+def _reachable(path: str) -> bool:
+    """Can any user reach `path` (every directory above it searchable by others)?"""
+    current = os.path.dirname(os.path.realpath(path))
+    while True:
+        if not os.stat(current).st_mode & stat.S_IXOTH:
+            return False
+        if current == "/":
+            return True
+        current = os.path.dirname(current)
 
 
-def _read_truncated(path: str, limit: int) -> str:
+@lru_cache(maxsize=1)
+def interpreter() -> tuple[str, tuple[str, ...]]:
+    """(the python that jailed code runs, the directories it needs besides /usr, read-only).
+
+    The project's own interpreter and virtualenv where a leased uid can reach them; when they live
+    where other users cannot (a root launcher under /root), the system's python3."""
+    paths = tuple(sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)} - {"/usr"}))
+    if os.geteuid() != 0 or all(_reachable(p) for p in (*paths, sys.executable)):
+        return sys.executable, tuple(p for p in paths if not p.startswith("/usr/"))
+    system = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+    if system is None:
+        raise SandboxUnavailable(f"jailed code cannot reach {sys.executable} (a directory above it is not searchable by other users) and there is no system python3")
+    logger.info("jailed code runs %s (%s is not reachable by other users)", system, sys.executable)
+    return system, ()
+
+
+def _system_binds() -> list[str]:
+    """The system's programs and libraries, read-only (merged-/usr layouts keep their symlinks)."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for path in ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"):
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _limits(limits: SandboxConfig, uid: int | None) -> list[str]:
+    """prlimit: resource limits of the call, set before the jail starts."""
+    prlimit = shutil.which("prlimit") or "prlimit"
+    args = [prlimit, f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}", f"--as={limits.memory_mb * MIB}", f"--fsize={limits.file_size_mb * MIB}",
+            f"--nofile={limits.max_open_files}", "--core=0"]
+    if uid is not None:  # RLIMIT_NPROC counts the uid's processes: with a leased uid, the call's own
+        args.append(f"--nproc={limits.max_processes}")
+    return [*args, "--"]
+
+
+def _drop_to(uid: int | None) -> list[str]:
+    """setpriv: become the leased uid, with no supplementary groups and no way to gain privileges."""
+    if uid is None:
+        return []
+    return [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"]
+
+
+def _bwrap(limits: SandboxConfig, workdir: Path, argv: list[str], read_only: tuple[str, ...]) -> list[str]:
+    """bwrap, run as the leased uid: new user, mount, PID, network, IPC, UTS and cgroup namespaces."""
+    python, needed = interpreter()
+    binds = [arg for path in (*needed, *read_only) for arg in ("--ro-bind", path, path)]
+    # `python` and `python3` mean the jail's interpreter (first on PATH).
+    links = ["--dir", BIN_DIR, "--symlink", python, f"{BIN_DIR}/python", "--symlink", python, f"{BIN_DIR}/python3"]
+    return [
+        _bwrap_path(), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+        *(["--share-net"] if not limits.isolate_network else []),
+        *_system_binds(), *binds, *links,
+        "--proc", "/proc", "--dev", "/dev",
+        "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/tmp",
+        "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/dev/shm",
+        "--bind", str(workdir), str(workdir), "--chdir", str(workdir),
+        "--", *argv,
+    ]
+
+
+@lru_cache(maxsize=1)
+def _host_bin_dir() -> str:
+    """For the unshare backend (no mount namespace): a directory of `python`/`python3` links."""
+    path = Path(tempfile.mkdtemp(prefix="bin-", dir=_calls_root()))
+    for name in ("python", "python3"):
+        (path / name).symlink_to(interpreter()[0])
+    path.chmod(0o755)
+    return str(path)
+
+
+def _unshare(limits: SandboxConfig, argv: list[str]) -> list[str]:
+    """util-linux unshare: PID and network namespaces (made as root, or in a user namespace)."""
+    unshare = shutil.which("unshare") or "unshare"
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return [unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", *(["--net"] if limits.isolate_network else []), "--", *argv]
+
+
+@lru_cache(maxsize=1)
+def _bwrap_path() -> str:
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxUnavailable(
+            "env.sandbox.backend=bwrap but bubblewrap is not installed: run scripts/install.sh as root (it installs the "
+            "Debian package `bubblewrap`), or `apt-get install bubblewrap`; or set env.sandbox.backend=unshare (weaker: no mount isolation)"
+        )
+    return path
+
+
+@lru_cache(maxsize=4)
+def check_backend(backend: str) -> None:
+    """Fail (once) with the reason and the fix when `backend` cannot jail a call here."""
+    if backend == "unshare":
+        logger.warning("env.sandbox.backend=unshare: no mount isolation; jailed code can read world-readable files and shares /tmp")
+        return
+    probe = [*_drop_to(65534 if os.geteuid() == 0 else None), _bwrap_path(), "--unshare-all", "--unshare-user", "--disable-userns",
+             "--ro-bind", "/", "/", "--proc", "/proc", "--", "true"]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise SandboxUnavailable(
+            f"bubblewrap cannot create a jail here ({done.stderr.strip()[:300] or f'exit {done.returncode}'}); it needs unprivileged "
+            "user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0); or set env.sandbox.backend=unshare"
+        )
+
+
+def jail_command(argv: list[str], workdir: Path, limits: SandboxConfig, uid: int | None, read_only: tuple[str, ...] = ()) -> list[str]:
+    """The command that runs `argv` in `workdir`, jailed as `uid`, under `limits`; `read_only`
+    paths are also visible (bwrap). Each program execs the next: prlimit sets the limits, setpriv
+    drops to the uid (bwrap then makes its namespaces as that uid; unshare makes them as root
+    first, then drops)."""
+    if limits.backend == "bwrap":
+        return [*_limits(limits, uid), *_drop_to(uid), *_bwrap(limits, workdir, argv, read_only)]
+    return [*_limits(limits, uid), *_unshare(limits, [*_drop_to(uid), *argv])]
+
+
+# ---- running a call ------------------------------------------------------------------------
+
+
+def read_cut(path: Path, limit: int) -> str:
+    """The text of a capture file, cut to `limit` characters (saying so)."""
     with open(path, "rb") as handle:
         data = handle.read(limit * 4 + 1)
     text = data.decode("utf-8", errors="replace")
@@ -325,16 +354,8 @@ def _read_truncated(path: str, limit: int) -> str:
     return text
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-async def _exited(proc: subprocess.Popen) -> int:
-    """Wait for a child without blocking the event loop: a pidfd becomes readable when it exits
-    (Linux >= 5.3); elsewhere a worker thread waits."""
+async def exited(proc: subprocess.Popen) -> int:
+    """Wait for a child without blocking the event loop: a pidfd becomes readable when it exits."""
     if proc.poll() is not None:
         return proc.returncode
     loop = asyncio.get_running_loop()
@@ -342,81 +363,122 @@ async def _exited(proc: subprocess.Popen) -> int:
         fd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
         return await loop.run_in_executor(None, proc.wait)
-    exited: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+    done: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
     try:
-        await exited
+        await done
     finally:
         loop.remove_reader(fd)
         os.close(fd)
     return proc.wait()
 
 
-async def run_command(argv: list[str], workdir: str, limits: SandboxConfig) -> SandboxResult:
-    """Run `argv` in `workdir` under `limits`; output is captured to files there, then removed.
+def _stopped_by(code: int | None, timed_out: bool, stderr: str, limits: SandboxConfig) -> str | None:
+    """What ended the call, in words (None for a clean exit)."""
+    if timed_out:
+        return f"stopped at the wall-clock limit ({limits.timeout_s:g} s)"
+    if code == 0:
+        return None
+    signum = -code if code is not None and code < 0 else (code - 128 if code is not None and 128 < code < 160 else None)
+    if signum == signal.SIGXCPU:
+        return f"stopped at the CPU limit ({limits.cpu_s} s)"
+    if signum == signal.SIGKILL:
+        return f"killed by SIGKILL (the CPU limit's hard stop at {limits.cpu_s + 1} s, or out of memory)"
+    if signum == signal.SIGXFSZ or "[Errno 27] File too large" in stderr:
+        return f"stopped at the file-size limit ({limits.file_size_mb} MiB per file)"
+    if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
+        return f"ran out of memory at the limit ({limits.memory_mb} MiB) and exited with code {code}"
+    if "Resource temporarily unavailable" in stderr or "BlockingIOError" in stderr:
+        return f"hit the process limit ({limits.max_processes}) and exited with code {code}"
+    if signum is not None:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return f"killed by {name}"
+    return f"exited with code {code}"
 
-    Never raises for anything the command does; every process it started is killed when this
-    returns.
-    """
+
+ENVIRONMENT = {"TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
+               # A rewrite within the same second and of the same size would otherwise run stale bytecode.
+               "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def spawn(argv: list[str], workdir: Path, limits: SandboxConfig, uid: int | None, stdout: Any, stderr: Any,
+          pass_fds: tuple[int, ...] = (), read_only: tuple[str, ...] = ()) -> subprocess.Popen:
+    """Start `argv` jailed (see `jail_command`) with a scrubbed environment, in a new process group.
+    No preexec_fn: CPython starts the chain by vfork (~1 ms; a fork of the launcher would stall
+    the event loop ~30 ms per call)."""
+    check_backend(limits.backend)
+    bin_dir = BIN_DIR if limits.backend == "bwrap" else _host_bin_dir()
+    env = {**ENVIRONMENT, "HOME": str(workdir), "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"}
+    return subprocess.Popen(jail_command(argv, workdir, limits, uid, read_only), cwd="/", env=env,
+                            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, close_fds=True, pass_fds=pass_fds, start_new_session=True)
+
+
+async def stop(proc: subprocess.Popen, uid: int | None = None) -> None:
+    """Kill a jail and wait for it: its processes die with it (PID namespace, die-with-parent); the
+    group kill also ends the chain before the jail exists. With `uid`, also wait (up to 5 s) until
+    the kernel has reaped every process of that uid: the uid's next call counts them against its
+    process limit, and a fork bomb's thousand children take a moment to go."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode is None:
+        await exited(proc)
+    if uid is not None:
+        await asyncio.to_thread(_wait_until_gone, uid, 5.0)
+
+
+def _processes_of(uid: int) -> int:
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    count += 1
+    return count
+
+
+def _wait_until_gone(uid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _processes_of(uid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+async def run_command(argv: list[str], workdir: Path, limits: SandboxConfig, uid: int | None) -> SandboxResult:
+    """Run `argv` jailed in `workdir` as `uid` under `limits`, its output captured. Never raises for
+    anything the command does; every process it started is gone when this returns."""
     started = time.monotonic()
-    out_path, err_path = os.path.join(workdir, ".stdout"), os.path.join(workdir, ".stderr")
-    ids, python = sandbox_plan(limits.user)
-    # The sandbox's interpreter first, so `python` in a command means that one.
-    env = {"PATH": f"{_bin_dir(python)}:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
-           # A rewrite within the same second and of the same size would otherwise run stale bytecode.
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    cgroup = _PidsCgroup(limits.max_processes)
+    capture = scratch_dir("capture-")
     try:
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            if ids is not None:
-                _give_to(workdir, ids)
-            if _launchers() is not None:
-                # No preexec_fn: CPython starts the child by vfork, ~1 ms. (Any fork, the event
-                # loop's spawn included, blocks the loop ~30 ms per call at 500 MiB RSS.)
-                command, start = _exec_chain(argv, limits, cgroup, ids), {"start_new_session": True}
-            else:
-                command, start = _command(argv, ids), {"preexec_fn": lambda: _preexec(limits, cgroup, ids)}
-            proc = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True, **start)
+        with open(capture / "out", "wb") as out, open(capture / "err", "wb") as err:
+            proc = spawn(argv, workdir, limits, uid, out, err)
         timed_out = False
         try:
-            await asyncio.wait_for(_exited(proc), timeout=limits.timeout_s)
+            await asyncio.wait_for(exited(proc), timeout=limits.timeout_s)
         except asyncio.TimeoutError:
             timed_out = True
         finally:
-            # Kill the whole group: the child and anything it left running in the background
-            # (the PID namespace and the cgroup also catch processes that left the group).
-            _kill_group(proc.pid)
-            if proc.returncode is None:
-                await _exited(proc)
-            cgroup.close()
-        stdout = _read_truncated(out_path, limits.output_chars)
-        stderr = _read_truncated(err_path, limits.output_chars)
+            # After a clean exit nothing of the uid is left to wait for.
+            await stop(proc, uid if proc.returncode != 0 else None)
+        stdout = read_cut(capture / "out", limits.output_chars)
+        stderr = read_cut(capture / "err", limits.output_chars)
     finally:
-        cgroup.close()
-        for path in (out_path, err_path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        shutil.rmtree(capture, ignore_errors=True)
     code = proc.returncode
-    if timed_out:
-        error = f"timed out after {limits.timeout_s:g} s"
-    elif code is not None and code < 0:
-        error = f"killed by signal {signal.Signals(-code).name} (a resource limit was hit)"
-    elif code != 0:
-        error = f"exited with code {code}"
-    else:
-        error = None
-    return SandboxResult(stdout, stderr, None if timed_out else code, timed_out, error, time.monotonic() - started)
+    return SandboxResult(stdout, stderr, None if timed_out else code, timed_out, _stopped_by(code, timed_out, stderr, limits), time.monotonic() - started)
 
 
 async def run_python(code: str, limits: SandboxConfig) -> SandboxResult:
-    """Run `code` in a fresh sandbox directory (removed afterwards); see `run_command`."""
-    workdir = tempfile.mkdtemp(prefix="opd-sandbox-")
+    """Run `code` jailed in a fresh directory with a uid of its own (both gone afterwards)."""
+    lease = UidLease.take(limits.uid_base)
+    workdir = make_call_dir("python-", lease.uid)
     try:
-        snippet = os.path.join(workdir, "snippet.py")
-        with open(snippet, "w", encoding="utf-8") as handle:
+        snippet = workdir / "snippet.py"
+        fd = os.open(snippet, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(code)
-        return await run_command([sandbox_plan(limits.user)[1], "-I", "-c", _RUNNER, snippet], workdir, limits)
+        return await run_command([interpreter()[0], "-I", "-c", _RUNNER, str(snippet)], workdir, limits, lease.uid)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        remove_call_dir(workdir)
+        lease.release()

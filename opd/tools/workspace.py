@@ -1,37 +1,52 @@
-"""The coding agent's tools over one rollout's sandbox directory: write_file, read_file, terminal,
-patch (`TOOLS`, run against a `Workspace` bound in a `Toolbox`).
+"""The coding agent's tools over one rollout's workspace: write_file, read_file, terminal, patch
+(`TOOLS`, run against a `Workspace` bound in a `Toolbox`).
 
-File tools only touch regular files inside the directory: absolute paths, `..` components and
-symlinks anywhere on the path are refused. `terminal` runs `bash -c` in the directory under the
-sandbox limits (see `opd.tools.sandbox`). A refused or failed call raises `ToolError`, which the
-toolbox turns into an error result for the model.
+A workspace is a directory of its own with a uid of its own (`opd.tools.sandbox`); `terminal`
+runs `bash -c` jailed in it. The file tools run in the launcher, as root when it is root, so they
+never follow a path the jailed code could have changed: every path is resolved one component at a
+time from the workspace's own descriptor, refusing symlinks (O_NOFOLLOW) and `..`; files open
+non-blocking and anything but a regular file (a FIFO, a socket) is refused, so no call can stall
+the run. What they write belongs to the workspace's uid. A refused or failed call raises
+`ToolError`, which the toolbox turns into an error result for the model.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
-import shutil
-import tempfile
-from pathlib import Path, PurePosixPath
+import stat
+from pathlib import PurePosixPath
 
 from opd.config import SandboxConfig
 from opd.tools.registry import Tool, ToolError
-from opd.tools.sandbox import run_command
+from opd.tools.sandbox import UidLease, make_call_dir, remove_call_dir, run_command
+
+logger = logging.getLogger(__name__)
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Workspace:
-    """A fresh directory for one rollout; `close()` removes it."""
+    """A fresh directory and uid for one rollout; `close()` removes the directory, frees the uid."""
 
-    def __init__(self, limits: SandboxConfig, max_file_chars: int = 20_000, parent: str | None = None) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="opd-rollout-", dir=parent)).resolve()
+    def __init__(self, limits: SandboxConfig, max_file_chars: int = 20_000) -> None:
         self.limits = limits
         self.max_file_chars = max_file_chars
+        self.lease = UidLease.take(limits.uid_base)
+        self.root = make_call_dir("rollout-", self.lease.uid)
+        # Set when a call left more than `limits.workspace_mb` behind: the files are removed and
+        # every later call is refused.
+        self.over_quota = False
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_call_dir(self.root)
+        self.lease.release()
 
-    def resolve(self, path: str) -> Path:
-        """The file's absolute path inside the root, or ToolError."""
+    # ---- paths ------------------------------------------------------------------------------
+
+    def _parts(self, path: str) -> list[str]:
         if not path.strip():
             raise ToolError("path must be a non-empty string")
         if "\x00" in path:
@@ -41,35 +56,102 @@ class Workspace:
             raise ToolError(f"absolute paths are not allowed: {path}")
         if ".." in pure.parts:
             raise ToolError(f"'..' is not allowed in paths: {path}")
-        current = self.root
-        for part in pure.parts:
-            current = current / part
-            if current.is_symlink():
-                raise ToolError(f"symlinks are not allowed: {path}")
-        return current
+        parts = [p for p in pure.parts if p != "."]
+        if not parts:
+            raise ToolError(f"not a file path: {path}")
+        return parts
+
+    def _parent(self, path: str, create: bool) -> tuple[int, str]:
+        """(descriptor of the file's directory, the file's name); directories are opened one at a
+        time with O_NOFOLLOW (and made, owned by the workspace's uid, when `create`)."""
+        if self.over_quota:
+            raise ToolError(f"the workspace went over its {self.limits.workspace_mb} MiB quota; its files were removed")
+        parts = self._parts(path)
+        fd = os.open(self.root, _DIR)
+        try:
+            for part in parts[:-1]:
+                child = self._subdirectory(fd, part, path, create)
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, parts[-1]
+
+    def _subdirectory(self, fd: int, part: str, path: str, create: bool) -> int:
+        """A descriptor of directory `part` in `fd` (made when `create` and missing); whatever
+        the jailed code swapped in meanwhile is an error result, never an exception."""
+        try:
+            try:
+                return os.open(part, _DIR, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise ToolError(f"no such directory: {part} in {path}") from None
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                child = os.open(part, _DIR, dir_fd=fd)
+                self._own(child)
+                return child
+        except OSError as err:
+            if err.errno == errno.ENOTDIR:  # O_DIRECTORY on a symlink says ENOTDIR: say which it was
+                with contextlib.suppress(OSError):
+                    if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                        raise ToolError(f"symlinks are not allowed: {path}") from None
+            raise ToolError(_why(err, path)) from None
+
+    def _own(self, fd: int) -> None:
+        if self.lease.uid is not None:
+            os.fchown(fd, self.lease.uid, self.lease.uid)
+
+    def _open_file(self, path: str, flags: int, create: bool) -> int:
+        """A descriptor of a regular file inside the workspace (never a symlink, FIFO or device)."""
+        parent, name = self._parent(path, create)
+        try:
+            fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=parent)
+        except OSError as err:
+            raise ToolError(_why(err, path)) from None
+        finally:
+            os.close(parent)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ToolError(f"not a regular file: {path}")
+        return fd
+
+    # ---- the tools --------------------------------------------------------------------------
 
     def write_file(self, path: str, content: str) -> str:
         if len(content) > self.max_file_chars:
             raise ToolError(f"content longer than {self.max_file_chars} characters")
-        target = self.resolve(path)
+        data = content.encode("utf-8")
+        fd = self._open_file(path, os.O_WRONLY | os.O_CREAT, create=True)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            # O_NOFOLLOW: a symlink created between the check and the write is still refused.
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(content)
+            os.ftruncate(fd, 0)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            self._own(fd)
         except OSError as err:
-            raise ToolError(str(err)) from None
-        return f"wrote {len(content.encode())} bytes to {path}"
+            raise ToolError(_why(err, path)) from None
+        finally:
+            os.close(fd)
+        return f"wrote {len(data)} bytes to {path}"
+
+    def read_bytes(self, path: str, limit: int) -> bytes:
+        """Up to `limit` + 1 bytes of a file (one more tells the caller it is longer)."""
+        fd = self._open_file(path, os.O_RDONLY, create=False)
+        try:
+            chunks, left = [], limit + 1
+            while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
+        except OSError as err:
+            raise ToolError(_why(err, path)) from None
+        finally:
+            os.close(fd)
 
     def read_file(self, path: str) -> str:
-        target = self.resolve(path)
-        try:
-            fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
-                text = handle.read(self.max_file_chars + 1)
-        except OSError as err:
-            raise ToolError(str(err)) from None
+        text = self.read_bytes(path, 4 * self.max_file_chars).decode("utf-8", errors="replace")
         if len(text) > self.max_file_chars:
             return text[: self.max_file_chars] + f"\n...[truncated at {self.max_file_chars} characters]"
         return text
@@ -77,7 +159,10 @@ class Workspace:
     def patch(self, path: str, old: str, new: str) -> str:
         if not old:
             raise ToolError("patch needs a non-empty `old`")
-        current = self.read_file(path)
+        data = self.read_bytes(path, 4 * self.max_file_chars)
+        current = data.decode("utf-8", errors="replace")
+        if len(current) > self.max_file_chars:
+            raise ToolError(f"{path} is longer than {self.max_file_chars} characters; patch works on smaller files")
         count = current.count(old)
         if count != 1:
             raise ToolError(f"`old` occurs {count} times in {path}; it must occur exactly once")
@@ -87,10 +172,43 @@ class Workspace:
     async def terminal(self, command: str) -> str:
         if not command.strip():
             raise ToolError("command must be a non-empty string")
-        result = await run_command(["/bin/bash", "-c", command], str(self.root), self.limits)
+        if self.over_quota:
+            raise ToolError(f"the workspace went over its {self.limits.workspace_mb} MiB quota; its files were removed")
+        result = await run_command(["/bin/bash", "-c", command], self.root, self.limits, self.lease.uid)
         output = result.stdout + result.stderr
         status = f"timed out after {self.limits.timeout_s:g} s" if result.timed_out else f"exit code {result.exit_code}"
+        if self.used_mb() > self.limits.workspace_mb:
+            self._clear()
+            status += f"; the workspace went over its {self.limits.workspace_mb} MiB quota and its files were removed"
         return f"{output}[{status}]"
+
+    def used_mb(self) -> float:
+        """Disk space the workspace's files take (walked without following links; nothing of the
+        workspace runs meanwhile)."""
+        used = 0
+        for folder, dirs, files in os.walk(self.root, followlinks=False):
+            for name in dirs + files:
+                try:
+                    used += os.lstat(os.path.join(folder, name)).st_blocks * 512
+                except OSError:
+                    continue
+        return used / (1024 * 1024)
+
+    def _clear(self) -> None:
+        logger.warning("a workspace went over its %d MiB quota; its files were removed", self.limits.workspace_mb)
+        remove_call_dir(self.root)
+        self.root = make_call_dir("rollout-", self.lease.uid)
+        self.over_quota = True
+
+
+def _why(err: OSError, path: str) -> str:
+    if err.errno == errno.ELOOP:
+        return f"symlinks are not allowed: {path}"
+    if err.errno == errno.ENXIO:
+        return f"not a regular file: {path}"
+    if err.errno == errno.ENOTDIR:
+        return f"not a directory on the way to {path}"
+    return f"{err.strerror or err}: {path}"
 
 
 async def _write_file(ws: Workspace, args: dict[str, str]) -> str:
