@@ -2,8 +2,9 @@
 
 math-verify can take seconds, or hang, on a short hostile answer (its parser and sympy), and its
 own timeout works only in a process's main thread. So a run never calls it on the event loop or
-in a thread: `Verifier.matches` sends (answer, reference) to one of `workers` processes (started
-on first use, each with an address-space limit) and awaits the reply; past `timeout_s` the worker
+in a thread: `Verifier.matches` sends (answer, reference) to one of `workers` processes
+(`opd.rewards.verify_worker`, started on first use, each with an address-space limit) and awaits
+the reply; past `timeout_s` the worker
 is killed and replaced, the answer counts as not verified, and the timeout is counted. Results are
 cached per (answer, reference), never a timeout. The parser only reaches sympy's `parse_expr`
 with digits and operators (math-verify's own pattern), and answers are cut at `max_chars` first.
@@ -12,53 +13,37 @@ with digits and operators (math-verify's own pattern), and answers are cut at `m
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
-import multiprocessing
-import resource
+import subprocess
+import sys
 from collections import OrderedDict
-from multiprocessing.connection import Connection
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
-def _serve(conn: Connection, memory_mb: int, timeout_s: int) -> None:
-    """A worker: (answer, reference) in, a bool out, until the pipe closes. math-verify's own
-    timeouts are a backstop at 3x the hard one: a check that runs long is cut by the caller (killed,
-    counted, not cached) rather than answered False by math-verify (which could be cached)."""
-    resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
-    from math_verify import parse, verify
-
-    conn.send("ready")  # imports take a second or two: not part of any check's time
-    while True:
-        try:
-            predicted, reference = conn.recv()
-        except EOFError:
-            return
-        try:
-            gold = parse(f"${reference}$", parsing_timeout=3 * timeout_s)
-            guess = parse(f"${predicted}$", parsing_timeout=3 * timeout_s)
-            ok = bool(gold and guess and verify(gold, guess, timeout_seconds=3 * timeout_s))
-        except Exception:  # the verifier raises a variety of errors on hostile input: not verified
-            ok = False
-        conn.send(ok)
-
-
 class _Worker:
+    """One `opd.rewards.verify_worker` process, started by vfork (no fork of the launcher, no
+    multiprocessing machinery, so it works in any process: joblib's workers too)."""
+
     def __init__(self, memory_mb: int, timeout_s: int) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child, memory_mb, timeout_s), daemon=True, name="opd-math-verify")
-        self.process.start()
-        child.close()
-        if not self.conn.poll(120) or self.conn.recv() != "ready":
+        self.process = subprocess.Popen([sys.executable, "-m", "opd.rewards.verify_worker", str(memory_mb), str(timeout_s)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        assert self.process.stdout is not None and self.process.stdin is not None
+        self.reader, self.writer = self.process.stdout, self.process.stdin
+        ready = self.reader.readline()
+        if ready.strip() != "ready":
             self.kill()
             raise RuntimeError("a math-verify worker did not start")
 
     def kill(self) -> None:
         self.process.kill()
-        self.process.join(timeout=5)
-        self.conn.close()
+        self.process.wait()
+        for stream in (self.reader, self.writer):
+            with contextlib.suppress(OSError):
+                stream.close()
 
 
 class Verifier:
@@ -132,14 +117,18 @@ class Verifier:
     async def _ask(self, worker: _Worker, key: tuple[str, str]) -> bool:
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[Any] = loop.create_future()
-        fd = worker.conn.fileno()
+        fd = worker.reader.fileno()
         loop.add_reader(fd, lambda: answered.done() or answered.set_result(None))
         try:
-            worker.conn.send(key)
+            worker.writer.write(json.dumps(list(key)) + "\n")
+            worker.writer.flush()
             await answered
-            return bool(worker.conn.recv())
+            line = worker.reader.readline()  # a whole line: the worker writes one per answer
         finally:
             loop.remove_reader(fd)
+        if not line:
+            raise EOFError("the math-verify worker ended")
+        return line.strip() == "true"
 
     def close(self) -> None:
         for worker in self._idle:
