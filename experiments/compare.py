@@ -31,6 +31,13 @@ class Sweep:
     swept: list[str]
     rows: list[dict[str, Any]]
     run_ids: list[str]
+    # The objective's metric name, as the jobs recorded it (tag opd.objective).
+    objective: str = "objective"
+
+    def ranked_by_its_own_reward(self) -> bool:
+        """A sweep over reward weights ranked by a reward: the weights themselves scale the
+        objective, so the ranking says nothing about the data."""
+        return any(key.startswith("reward.weights.") for key in self.swept) and "reward" in self.objective
 
 
 def _number(text: Any) -> float | None:
@@ -82,7 +89,8 @@ def load(parent_run_id: str, tracking_uri: str) -> Sweep:
         row["run_id"] = child.info.run_id
         rows.append(row)
     rows.sort(key=lambda r: (_number(r["objective"]) is None, -(_number(r["objective"]) or 0.0), r["run"] or ""))
-    return Sweep(parent_run_id, experiment_id, tracking_uri, swept, rows, [r["run_id"] for r in rows])
+    names = {child.data.tags.get("opd.objective") for child in children} - {None}
+    return Sweep(parent_run_id, experiment_id, tracking_uri, swept, rows, [r["run_id"] for r in rows], ",".join(sorted(names)) or "objective")
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -145,6 +153,41 @@ def write_plot(sweep: Sweep, path: Path) -> Path:
     return path
 
 
+EVAL_CURVES = ("eval/sampled_accuracy", "eval/accuracy")
+
+
+def write_eval_curves(sweep: Sweep, client: Any, path: Path) -> Path | None:
+    """Every child's held-out accuracy against groups written, on one figure (None when no child
+    evaluated during its run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves: dict[str, list[tuple[str, list[tuple[int, float]]]]] = {name: [] for name in EVAL_CURVES}
+    for row in sweep.rows:
+        for name in EVAL_CURVES:
+            points = sorted((m.step, m.value) for m in client.get_metric_history(row["run_id"], name))
+            if len(points) > 1:
+                curves[name].append((str(row["run"]), points))
+    shown = [name for name in EVAL_CURVES if curves[name]]
+    if not shown:
+        return None
+    fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], shown):
+        for label, points in curves[name]:
+            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
+        ax.set_xlabel("groups written")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.suptitle(f"sweep {sweep.parent_run_id[:8]}: held-out accuracy during each run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def ui_address(sweep: Sweep, host: str) -> str:
     """The MLflow UI's compare view of the sweep's runs."""
     runs = urllib.parse.quote(json.dumps(sweep.run_ids, separators=(",", ":")))
@@ -164,8 +207,14 @@ def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None =
     csv_path = write_csv(sweep.rows, out_dir / "compare.csv")
     png_path = write_plot(sweep, out_dir / "compare.png")
     client = mlflow.MlflowClient(uri)
-    for path in (csv_path, png_path):
-        client.log_artifact(parent_run_id, str(path), artifact_path="compare")
+    curves = write_eval_curves(sweep, client, out_dir / "compare_eval.png")
+    for path in (csv_path, png_path, curves):
+        if path is not None:
+            client.log_artifact(parent_run_id, str(path), artifact_path="compare")
+    if sweep.ranked_by_its_own_reward():
+        logger.warning("this sweep varies reward weights and is ranked by %s, a reward those weights scale: the ranking says nothing about "
+                       "the data. Rank by held-out accuracy: trainer=local eval.every=N (the default objective then), or sweep.objective=accuracy.",
+                       sweep.objective)
     return sweep, csv_path, png_path, ui_address(sweep, ui)
 
 
@@ -179,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     sweep, csv_path, png_path, address = compare(args.target, args.tracking_uri, args.out, args.ui)
     sys.stdout.write(table(sweep.rows) + "\n\n")
-    sys.stdout.write(f"table: {csv_path}\nplot:  {png_path}\n(both logged to the parent run {sweep.parent_run_id} under compare/)\n\n")
+    sys.stdout.write(f"ranked by: {sweep.objective}\ntable: {csv_path}\nplot:  {png_path}\n(logged to the parent run {sweep.parent_run_id} under compare/, with compare_eval.png when the runs evaluated)\n\n")
     sys.stdout.write(f"MLflow UI:  mlflow ui --backend-store-uri {sweep.tracking_uri}\ncompare view: {address}\n")
     return 0
 

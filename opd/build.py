@@ -48,10 +48,16 @@ def load_data(cfg: Config) -> TaskSet:
 
 
 def local_server(cfg: Config, model: str, workdir: Path) -> Any:
-    """A LocalVLLM (not started) with the settings of server=local."""
+    """A LocalVLLM (not started) with the settings of server=local; with trainer=local it also
+    gets vLLM's dev routes (VLLM_SERVER_DEV_MODE=1), which reload weights in place."""
+    from dataclasses import replace
+
     from opd.serving.local_vllm import LocalVLLM
 
-    return LocalVLLM(cfg.server, model, workdir, seed=cfg.seed)
+    server = cfg.server
+    if cfg.trainer.kind == "local":
+        server = replace(server, environment={**server.environment, "VLLM_SERVER_DEV_MODE": "1"})
+    return LocalVLLM(server, model, workdir, seed=cfg.seed)
 
 
 @contextlib.contextmanager
@@ -126,18 +132,33 @@ def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer
     raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}", "env.name")
 
 
-def sinks(cfg: Config, groups_path: Path, tracker: Tracker | None, tokenizer: Any) -> list[Sink]:
+def evaluator(cfg: Config, env: OPDBaseEnv, concurrency: int, tracker: Tracker | None) -> Any:
+    """Evaluation of the held-out split (a sink: at the start, every eval.every groups, at the end)."""
+    from opd.sinks.evaluation import Evaluator
+
+    return Evaluator(env, cfg.eval, concurrency, Path(cfg.output_dir), tracker)
+
+
+def sinks(cfg: Config, env: OPDBaseEnv, model: str, base_urls: list[str], tracker: Tracker | None, concurrency: int) -> list[Sink]:
     """Where groups go, in order: the JSONL file, MLflow (when tracking), the Atropos trainer API
-    (mode=serve)."""
+    (trainer=atropos or mode=serve), the local trainer (trainer=local), evaluation (eval.every)."""
     from opd.sinks.jsonl import GroupFile
 
+    out_dir = Path(cfg.output_dir)
+    groups_path = out_dir / "groups.jsonl"
     out: list[Sink] = [GroupFile(groups_path, fsync=cfg.runner.fsync)]
     if tracker is not None:
         from opd.sinks.mlflow import MlflowMetrics
 
-        out.append(MlflowMetrics(tracker, groups_path, tokenizer, upload_data=cfg.tracking.log_data_artifacts))
-    if cfg.mode == "serve":
+        out.append(MlflowMetrics(tracker, groups_path, env.tokenizer, upload_data=cfg.tracking.log_data_artifacts))
+    if cfg.mode == "serve" or cfg.trainer.kind == "atropos":
         from opd.sinks.atropos import AtroposTrainer
 
         out.append(AtroposTrainer(cfg.serve, cfg.group_size, cfg.server.max_model_len))
+    if cfg.trainer.kind == "local":
+        from opd.sinks.trainer import TrainerSink
+
+        out.append(TrainerSink(cfg.trainer, env, model, base_urls, out_dir, tracker))
+    if cfg.eval.every is not None:
+        out.append(evaluator(cfg, env, concurrency, tracker))
     return out

@@ -450,6 +450,76 @@ class RunnerConfig:
 
 
 @dataclass
+class TrainerConfig:
+    """trainer=none | atropos (conf/trainer/): no trainer in the run, or an external one."""
+
+    kind: str = MISSING
+
+    def __post_init__(self) -> None:
+        _one_of("trainer.kind", self.kind, ("none", "local", "atropos"))
+
+
+@dataclass
+class LossWeights:
+    pg: float = MISSING
+    opd_advantage: float = MISSING
+    topk_kl: float = MISSING
+
+
+@dataclass
+class LocalTrainerConfig(TrainerConfig):
+    """trainer=local: the reference trainer in the run (conf/trainer/local.yaml)."""
+
+    batch_groups: int = MISSING
+    learning_rate: float = MISSING
+    weight_decay: float = MISSING
+    max_grad_norm: float = MISSING
+    clip: float = MISSING
+    loss: LossWeights = MISSING
+    micro_batch: int = MISSING
+    max_tokens: Optional[int] = MISSING
+    max_staleness: int = MISSING
+    refresh: bool = MISSING
+    threads: int = MISSING
+    seed: int = MISSING
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("trainer.kind", self.kind, ("local",))
+        _at_least("trainer.batch_groups", self.batch_groups, 1)
+        _check(self.learning_rate > 0, "trainer.learning_rate", "> 0", self.learning_rate)
+        _at_least("trainer.weight_decay", self.weight_decay, 0)
+        _check(self.max_grad_norm > 0, "trainer.max_grad_norm", "> 0", self.max_grad_norm)
+        _check(0 < self.clip < 1, "trainer.clip", "in (0, 1)", self.clip)
+        for name in ("pg", "opd_advantage", "topk_kl"):
+            _at_least(f"trainer.loss.{name}", getattr(self.loss, name), 0)
+        _check(self.loss.pg + self.loss.opd_advantage + self.loss.topk_kl > 0, "trainer.loss", "weights that are not all 0", self.loss)
+        _at_least("trainer.micro_batch", self.micro_batch, 1)
+        if self.max_tokens is not None:
+            _at_least("trainer.max_tokens", self.max_tokens, 2)
+        _at_least("trainer.max_staleness", self.max_staleness, 0)
+        _at_least("trainer.threads", self.threads, 0)
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation of the held-out split (conf/config.yaml, `eval`)."""
+
+    every: Optional[int] = MISSING
+    samples_per_item: int = MISSING
+    temperature: float = MISSING
+    max_items: Optional[int] = MISSING
+
+    def __post_init__(self) -> None:
+        if self.every is not None:
+            _at_least("eval.every", self.every, 1)
+        _at_least("eval.samples_per_item", self.samples_per_item, 0)
+        _check(0 <= self.temperature <= 5, "eval.temperature", "in [0, 5]", self.temperature)
+        if self.max_items is not None:
+            _at_least("eval.max_items", self.max_items, 1)
+
+
+@dataclass
 class Config:
     """The root (conf/config.yaml); the groups' schemas come from the chosen options."""
 
@@ -462,6 +532,8 @@ class Config:
     runner: RunnerConfig = MISSING
     sweep: SweepConfig = MISSING
     serve: ServeConfig = MISSING
+    trainer: Any = MISSING
+    eval: EvalConfig = MISSING
     mode: str = MISSING
     group_size: int = MISSING
     total_steps: int = MISSING
@@ -483,6 +555,10 @@ class Config:
             f">= distill_topk ({self.distill_topk})",
             self.server.max_logprobs,
         )
+        if self.trainer.kind == "local":
+            _check(self.mode == "train", "trainer", "used with mode=train (trainer=local trains on the groups it writes)", f"trainer={self.trainer.kind}, mode={self.mode}")
+            _check(self.env.name == "opd_coding" or self.trainer.loss.pg > 0, "trainer.loss.pg",
+                   "> 0 for inline_math (its records have no teacher rows for the OPD terms)", self.trainer.loss.pg)
 
 
 _SCHEMAS = {
@@ -495,6 +571,7 @@ _SCHEMAS = {
     "sandbox": {"sandbox_schema": SandboxConfig},
     "tracking": {"tracking_schema": TrackingConfig},
     "runner": {"runner_schema": RunnerConfig},
+    "trainer": {"trainer_schema": TrainerConfig, "local_schema": LocalTrainerConfig},
 }
 
 

@@ -109,15 +109,18 @@ def run_experiment(cfg: Config, job: SweepJob | None = None) -> float:
         logger.info("%d groups (%d rollouts) in flight for %d request slots", groups, groups * cfg.group_size, cfg.server.max_requests_in_flight * len(urls))
         if tracker is not None:
             tracker.set_tags({"opd.groups_in_flight": str(groups)})
+        concurrency = groups * cfg.group_size
         if cfg.mode == "evaluate":
-            summary, history = run_loop(_evaluate(env, watch, groups * cfg.group_size), cfg.runner.uvloop), {}
+            summary, history = run_loop(_evaluate(env, watch, build.evaluator(cfg, env, concurrency, tracker)), cfg.runner.uvloop), {}
         else:
-            sinks = build.sinks(cfg, out / GROUPS_FILE, tracker, env.tokenizer)
+            sinks = build.sinks(cfg, env, model, urls, tracker, concurrency)
             stats = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups), cfg.runner.uvloop)
             summary, history = summarize(stats, sinks, env, watch), stats.history
             logger.info("wrote %d groups to %s in %.1f s (%d failed)", stats.written, out / GROUPS_FILE, stats.elapsed, stats.failed)
-        objective = objective_of(cfg.sweep.objective, cfg.mode, summary, history)
+        objective_name = cfg.sweep.objective or default_objective(cfg)
+        objective = objective_of(objective_name, summary, history)
         if tracker is not None:
+            tracker.set_tags({"opd.objective": objective_name})
             tracker.log_metrics({**summary, "objective": objective}, step=cfg.total_steps if cfg.mode != "evaluate" else 0)
         logger.info("summary: %s", {k: round(v, 4) for k, v in summary.items()})
         return objective
@@ -144,11 +147,12 @@ async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: Serv
             raise
 
 
-async def _evaluate(env: OPDBaseEnv, watch: ServerWatch, concurrency: int) -> dict[str, float]:
+async def _evaluate(env: OPDBaseEnv, watch: ServerWatch, evaluator: Any) -> dict[str, float]:
+    """mode=evaluate: one evaluation, recorded at step 0; its metrics are the summary."""
     try:
         await watch.check()
         await env.setup()
-        return await env.evaluate(concurrency=concurrency)
+        return (await evaluator.run(0)).metrics
     finally:
         await env.close()
 
@@ -172,9 +176,20 @@ def summarize(stats: RunStats, sinks: list[Sink], env: OPDBaseEnv, watch: Server
     return summary
 
 
-def objective_of(name: str | None, mode: str, summary: dict[str, float], history: dict[str, list[float]]) -> float:
+def default_objective(cfg: Config) -> str:
+    """What a job returns to the sweeper unless sweep.objective says otherwise; never a metric that
+    grows with the reward weights being swept: held-out accuracy where there is an evaluation
+    (sampled when it samples), else the written groups' accuracy."""
+    sampled = cfg.eval.samples_per_item > 0
+    if cfg.mode == "evaluate":
+        return "eval/sampled_accuracy" if sampled else "eval/accuracy"
+    if cfg.eval.every is not None:
+        return "summary/final_sampled_accuracy" if sampled else "summary/final_accuracy"
+    return "accuracy"
+
+
+def objective_of(name: str, summary: dict[str, float], history: dict[str, list[float]]) -> float:
     """The sweep objective: a summary metric, or the mean of a per-group metric's history."""
-    name = name or ("eval/accuracy" if mode == "evaluate" else "summary/reward_mean")
     if name in summary:
         return float(summary[name])
     if history.get(name):

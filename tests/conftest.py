@@ -51,7 +51,8 @@ def _vllm_server(fixture_model: str, workdir: Path) -> Iterator[str]:
     from opd.config import validate
     from opd.serving.local_vllm import LocalVLLM
 
-    settings = validate(compose(["distill_topk=20", "server.startup_timeout_s=300"])).server
+    # Dev routes on: the closed-loop tests reload weights in place (and put the fixture's back).
+    settings = validate(compose(["distill_topk=20", "server.startup_timeout_s=300", "+server.environment.VLLM_SERVER_DEV_MODE='1'"])).server
     with LocalVLLM(settings, fixture_model, workdir) as server:
         yield server.base_url
 

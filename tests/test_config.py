@@ -175,26 +175,33 @@ def test_the_schema_has_no_defaults_the_yaml_is_the_one_source() -> None:
     assert with_defaults == []
 
 
-@pytest.mark.parametrize("preset", ["smoke", "reward_sweep_inline_math", "reward_sweep_opd_coding", "optuna_rewards"])
+@pytest.mark.parametrize("preset", ["smoke", "reward_sweep_inline_math", "reward_sweep_opd_coding", "optuna_rewards", "closed_loop_inline_math",
+                                    "closed_loop_opd_coding", "reward_sweep_closed_loop"])
 def test_experiment_presets_compose_and_validate(preset: str) -> None:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from opd.config import compose as compose_config
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=[f"experiment={preset}", "output_dir=/tmp/opd-test-unused"], return_hydra_config=True)
+    cfg = compose_config([f"experiment={preset}"], hydra=True)
     params = cfg.hydra.sweeper.get("params") or {}
     with read_write(cfg), open_dict(cfg):
         del cfg["hydra"]
     typed = validate(cfg)
     if preset == "smoke":
         assert (typed.total_steps, typed.group_size) == (2, 2)
+    elif preset.startswith("closed_loop"):
+        # A closed loop trains and evaluates after every trainer step; its objective is held-out accuracy.
+        assert typed.trainer.kind == "local" and typed.eval.every == typed.trainer.batch_groups and not params
+        from opd.run import default_objective
+
+        assert default_objective(typed) == "summary/final_sampled_accuracy"
     else:
         # Sweep presets vary reward weights that exist in the chosen env's reward schema.
         assert params and all(key.startswith("reward.weights.") for key in params)
         for key in params:
             assert hasattr(typed.reward.weights, key.rsplit(".", 1)[1])
     if preset == "optuna_rewards":
-        assert typed.sweep.objective == "summary/reward_mean"
+        assert typed.sweep.objective == "accuracy"
+    if preset == "reward_sweep_closed_loop":
+        assert typed.trainer.kind == "local" and typed.sweep.objective is None  # ranked by held-out accuracy
 
 
 def test_slurm_launcher_config_extends_submitit() -> None:

@@ -12,7 +12,7 @@ from conftest import ROOT
 LAYERS = [
     ["opd.config", "opd.event_loop"],
     ["opd.records", "opd.tracking.traces"],
-    ["opd.serving", "opd.data"],
+    ["opd.serving", "opd.data", "opd.train"],
     ["opd.tools"],
     ["opd.rewards", "opd.agent"],
     ["opd.distill"],

@@ -105,10 +105,10 @@ async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path) -> di
             "written_at": stamps.at, "groups_in_flight": groups}
 
 
-def embedded_vllm(workdir: Path) -> Any:
+def embedded_vllm(workdir: Path, overrides: list[str] | None = None) -> Any:
     """The embedded vLLM server on the fixture model (not started; a context manager)."""
-    from opd.serving.local_vllm import LocalVLLM
     from opd.fixture.build import ensure_fixture
+    from opd.serving.local_vllm import LocalVLLM
 
-    cfg = compose(["server.startup_timeout_s=600"])
+    cfg = compose(["server.startup_timeout_s=600", *(overrides or [])])
     return LocalVLLM(cfg.server, str(ensure_fixture()), workdir)

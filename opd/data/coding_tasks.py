@@ -193,8 +193,9 @@ def generated_tasks(n: int = 120, seed: int = 7) -> list[Task]:
 
 
 def builtin_tasks() -> list[Task]:
-    """The reference's eight tasks followed by the generated ones (the default coding set)."""
-    return REFERENCE_TASKS + generated_tasks()
+    """The reference's eight tasks followed by the generated ones (the default coding set), each
+    with its `kind` (reference or generated) for per-kind evaluation."""
+    return [{**t, "kind": "reference"} for t in REFERENCE_TASKS] + [{**t, "kind": "generated"} for t in generated_tasks()]
 
 
 def humaneval_tasks() -> list[Task]:

@@ -70,12 +70,14 @@ GENERATOR_SEED = 1234
 
 
 def generate(n: int = 400, seed: int = GENERATOR_SEED) -> list[Problem]:
-    """`n` distinct problems, the same for the same seed; each has `problem`, `answer`, `expression`."""
+    """`n` distinct problems, the same for the same seed; each has `problem`, `answer`,
+    `expression` and `kind` (the generator's name: sum, parity, ...)."""
     rng = random.Random(seed)
     seen: set[str] = set()
     problems: list[Problem] = []
     while len(problems) < n:
-        problem = rng.choice(_KINDS)(rng)
+        kind = rng.choice(_KINDS)
+        problem = {**kind(rng), "kind": kind.__name__.lstrip("_")}
         if problem["problem"] not in seen:
             seen.add(problem["problem"])
             problems.append(problem)

@@ -1,6 +1,7 @@
 """Load math problems from the built-in generator, a local JSONL/Parquet file or the hub.
 
-Every source yields rows `{"id", "problem", "answer"}` and the same deterministic held-out split.
+Every source yields rows `{"id", "problem", "answer"}` (the built-in set also `kind`) and the same
+deterministic held-out split.
 Rows that cannot be used (missing text, non-numeric answer where only numbers are wanted) are
 skipped, counted and logged once with a sample.
 """
@@ -27,7 +28,7 @@ def load_math(cfg: DatasetConfig) -> TaskSet:
     """Rows of the configured source, split into train and held-out eval by `cfg.split_seed`."""
     if cfg.source == "builtin":
         problems = math_builtin.generate(cfg.builtin_size)
-        rows = [{"id": f"builtin-{i}", "problem": p["problem"], "answer": p["answer"]} for i, p in enumerate(problems)]
+        rows = [{"id": f"builtin-{i}", "problem": p["problem"], "answer": p["answer"], "kind": p["kind"]} for i, p in enumerate(problems)]
         return split(cfg, rows, f"builtin:{cfg.builtin_size}")
 
     def convert(index: int, record: dict[str, Any]) -> Row | None:

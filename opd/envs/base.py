@@ -5,7 +5,7 @@ The base holds the constructor, the item order (a seeded shuffle of the train sp
 epoch), one trace root per rollout, the group record, the per-group metrics every env has, and
 the evaluation scaffold. A subclass implements:
 - `make_group(item, roots)`: `group_size` rollouts of one item, scored, as a `ScoredDataGroup`;
-- `eval_item(item)`: one rollout of a held-out item at `eval_temperature`, as an `EvalResult`;
+- `eval_item(item, temperature)`: one rollout of a held-out item, as an `ItemResult`;
 - `env_metrics(group)`: its own per-group metrics.
 The runner (`opd.runner`) drives it, not atroposlib's `process_manager` (which has no error
 isolation and can loop forever), and checks every group once before it is written.
@@ -32,12 +32,25 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class EvalResult:
-    """One evaluated item: correct or not, its reward, and per-item values averaged as `eval/<name>`."""
+class ItemResult:
+    """One rollout of a held-out item: correct or not, its reward, per-item values averaged as
+    `eval/<name>`, and what the samples table shows."""
 
     correct: bool
     score: float
     metrics: dict[str, float] = field(default_factory=dict)
+    prompt: str = ""
+    response: str = ""
+    turns: int = 1
+
+
+@dataclass
+class EvalReport:
+    """One evaluation: `eval/*` metrics, one row per item, and the greedy rollouts as a table."""
+
+    metrics: dict[str, float]
+    items: list[dict[str, Any]]
+    samples: list[dict[str, Any]]
 
 
 class OPDBaseEnv(BaseEnv):
@@ -68,6 +81,9 @@ class OPDBaseEnv(BaseEnv):
         self.temperature, self.top_p, self.eval_temperature = temperature, top_p, eval_temperature
         self.rng = random.Random(seed)
         self._order: list[int] = []
+        # The version of the weights the servers serve (a trainer in the run raises it); every
+        # group records the version it was generated with (`group_overrides.weight_version`).
+        self.weight_version = 0
 
     @classmethod
     def config_init(cls) -> Any:
@@ -89,8 +105,10 @@ class OPDBaseEnv(BaseEnv):
         """`group_size` rollouts of `item` (one trace per rollout when tracing is on)."""
         inputs = {k: v for k, v in item.items() if isinstance(v, (str, int, float)) and k not in ("solution", "test_code")}
         roots = [self.tracer.start_root("rollout", {**inputs, "index": i}) for i in range(self.group_size)]
+        version = self.weight_version
         try:
             group = await self.make_group(item, roots)
+            group["group_overrides"]["weight_version"] = version
         except BaseException as err:
             for root in roots:
                 self.tracer.end_root(root, error=err)
@@ -150,35 +168,73 @@ class OPDBaseEnv(BaseEnv):
 
     # ---- evaluation -------------------------------------------------------------------------
 
-    async def evaluate(self, *args: Any, concurrency: int = 8, **kwargs: Any) -> dict[str, float]:
-        """One rollout per held-out item (`eval_item`), `concurrency` at a time; failed items are
-        counted, not hidden. Returns `eval/accuracy`, `eval/reward_mean` and the mean of each
-        per-item metric, over the items that finished."""
+    async def evaluate(self, *args: Any, concurrency: int = 8, samples_per_item: int = 0, sample_temperature: float = 1.0,
+                       max_items: int | None = None, **kwargs: Any) -> EvalReport:
+        """One greedy rollout per held-out item (at `eval_temperature`) and `samples_per_item`
+        sampled ones (at `sample_temperature`), `concurrency` rollouts at a time. Failed rollouts
+        are counted (`eval/failed_rollouts`), not hidden; an item whose greedy rollout failed is
+        left out of the greedy metrics."""
+        items = self.data.eval[:max_items] if max_items else self.data.eval
         semaphore = asyncio.Semaphore(concurrency)
+        failed = 0
 
-        async def one(item: dict[str, Any]) -> EvalResult | None:
+        async def one(item: dict[str, Any], temperature: float) -> ItemResult | None:
+            nonlocal failed
             async with semaphore:
                 try:
-                    return await self.eval_item(item)
+                    return await self.eval_item(item, temperature)
                 except Exception as err:
+                    failed += 1
                     logger.warning("eval item %s failed: %s: %s", item.get("id"), type(err).__name__, err)
                     return None
 
-        results = await asyncio.gather(*(one(item) for item in self.data.eval))
-        done = [r for r in results if r is not None]
-        n = max(1, len(done))
-        metrics = {
-            "eval/accuracy": sum(r.correct for r in done) / n,
-            "eval/reward_mean": statistics.fmean([r.score for r in done]) if done else 0.0,
-            "eval/items": float(len(results)),
-            "eval/failed_items": float(len(results) - len(done)),
-        }
-        for name in done[0].metrics if done else []:
-            metrics[f"eval/{name}"] = sum(r.metrics[name] for r in done) / n
-        return metrics
+        runs = [[one(item, self.eval_temperature), *(one(item, sample_temperature) for _ in range(samples_per_item))] for item in items]
+        results = await asyncio.gather(*(asyncio.gather(*calls) for calls in runs))
+        report = _report(items, results, samples_per_item)
+        report.metrics["eval/failed_rollouts"] = float(failed)
+        return report
 
-    async def eval_item(self, item: dict[str, Any]) -> EvalResult:
+    async def eval_item(self, item: dict[str, Any], temperature: float) -> ItemResult:
         raise NotImplementedError
 
     async def close(self) -> None:
         await self.server.close()
+
+
+def _report(items: list[dict[str, Any]], results: list[list[ItemResult | None]], samples_per_item: int) -> EvalReport:
+    """Greedy and sampled accuracy overall and per kind of item, per-item rows, the samples table."""
+    rows, table = [], []
+    greedy = [r[0] for r in results if r[0] is not None]
+    sampled = [s for r in results for s in r[1:] if s is not None]
+    n = max(1, len(greedy))
+    metrics = {
+        "eval/accuracy": sum(r.correct for r in greedy) / n,
+        "eval/reward_mean": statistics.fmean([r.score for r in greedy]) if greedy else 0.0,
+        "eval/items": float(len(items)),
+        "eval/failed_items": float(len(items) - len(greedy)),
+    }
+    for name in greedy[0].metrics if greedy else []:
+        metrics[f"eval/{name}"] = sum(r.metrics[name] for r in greedy) / n
+    if samples_per_item:
+        metrics["eval/sampled_accuracy"] = sum(s.correct for s in sampled) / max(1, len(sampled))
+        metrics["eval/sampled_reward_mean"] = statistics.fmean([s.score for s in sampled]) if sampled else 0.0
+        for name in sampled[0].metrics if sampled else []:
+            metrics[f"eval/sampled_{name}"] = sum(s.metrics[name] for s in sampled) / len(sampled)
+    by_kind: dict[str, list[tuple[ItemResult | None, list[ItemResult]]]] = {}
+    for item, (first, *rest) in zip(items, results):
+        done = [s for s in rest if s is not None]
+        rows.append({"item_id": item.get("id"), "kind": item.get("kind"), "greedy_correct": None if first is None else first.correct,
+                     "greedy_reward": None if first is None else first.score, "samples": len(done),
+                     "sampled_correct": sum(s.correct for s in done), "sampled_reward_mean": statistics.fmean([s.score for s in done]) if done else None})
+        if first is not None:
+            table.append({"item_id": item.get("id"), "kind": item.get("kind"), "prompt": first.prompt, "response": first.response,
+                          "reward": first.score, "correct": first.correct, "turns": first.turns})
+        if item.get("kind"):
+            by_kind.setdefault(str(item["kind"]), []).append((first, done))
+    for kind, entries in sorted(by_kind.items()):
+        firsts = [f for f, _ in entries if f is not None]
+        metrics[f"eval/accuracy/{kind}"] = sum(f.correct for f in firsts) / max(1, len(firsts))
+        if samples_per_item:
+            samples = [s for _, done in entries for s in done]
+            metrics[f"eval/sampled_accuracy/{kind}"] = sum(s.correct for s in samples) / max(1, len(samples))
+    return EvalReport(metrics, rows, table)

@@ -21,7 +21,7 @@ from atroposlib.envs.base import ScoredDataGroup
 from opd.agent.tool_calls import CLOSE, last_open_call, run_tool_call
 from opd.config import InlineMathEnvConfig, InlineMathRewardConfig
 from opd.envs import math_prompt
-from opd.envs.base import EvalResult, OPDBaseEnv
+from opd.envs.base import ItemResult, OPDBaseEnv
 from opd.records import Sequence
 from opd.rewards import math as rewards
 from opd.rewards.rubric import Rubric, Scored
@@ -166,14 +166,14 @@ class InlineMathEnv(OPDBaseEnv):
 
     # ---- evaluation ------------------------------------------------------------------------
 
-    async def eval_item(self, item: dict[str, Any]) -> EvalResult:
-        """The training protocol (tools, few-shots) without the dynamic pool, at eval_temperature."""
-        rollout = await self.rollout(self.prompt_ids(item["problem"], use_pool=False), self.eval_temperature)
+    async def eval_item(self, item: dict[str, Any], temperature: float) -> ItemResult:
+        """The training protocol (tools, few-shots) without the dynamic pool."""
+        rollout = await self.rollout(self.prompt_ids(item["problem"], use_pool=False), temperature)
         scored = await self.score(rollout, item["answer"])
-        return EvalResult(bool(scored.signals["correct"]), scored.total, {
+        return ItemResult(bool(scored.signals["correct"]), scored.total, {
             "tool_use_rate": float(rollout.tool_calls_run > 0),
             "format_violation_rate": scored.signals["format_violation"],
-        })
+        }, prompt=item["problem"], response=rollout.text, turns=1 + rollout.tool_calls_run)
 
     async def close(self) -> None:
         await super().close()

@@ -21,7 +21,7 @@ from opd.agent.loop import AgentLimits, AgentRollout, run_agent
 from opd.config import ConfigError, JudgeConfig, OPDCodingEnvConfig, OPDCodingRewardConfig
 from opd.distill.pipeline import FailureLog, apply_opd
 from opd.envs import coding_prompt
-from opd.envs.base import EvalResult, OPDBaseEnv
+from opd.envs.base import ItemResult, OPDBaseEnv
 from opd.records import MASK
 from opd.rewards import coding as rewards
 from opd.rewards.rubric import Rubric, Scored
@@ -161,10 +161,12 @@ class OPDCodingEnv(OPDBaseEnv):
 
     # ---- evaluation ------------------------------------------------------------------------
 
-    async def eval_item(self, item: dict[str, Any]) -> EvalResult:
-        """One rollout of a held-out task at `eval_temperature` (greedy by default), no OPD."""
-        rollout, scored, tests = await self.rollout(item, self.eval_temperature)
-        return EvalResult(tests == "pass", scored.total, {"turns_mean": float(rollout.turns_used)})
+    async def eval_item(self, item: dict[str, Any], temperature: float) -> ItemResult:
+        """One rollout of a held-out task, no OPD."""
+        rollout, scored, tests = await self.rollout(item, temperature)
+        transcript = "\n\n".join(f"[{m['role']}] {m['content']}" for m in rollout.messages[2:])
+        return ItemResult(tests == "pass", scored.total, {"turns_mean": float(rollout.turns_used)},
+                          prompt=item["task"], response=transcript, turns=rollout.turns_used)
 
     async def close(self) -> None:
         await super().close()

@@ -172,6 +172,13 @@ class Tracker:
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         self.mlflow.log_artifact(str(path), artifact_path=folder)
 
+    def log_artifacts(self, directory: Path, folder: str) -> None:
+        self.mlflow.log_artifacts(str(directory), artifact_path=folder)
+
+    def log_table(self, columns: dict[str, list[Any]], artifact_file: str) -> None:
+        """A table the UI shows (the run's artifacts and its Evaluation tab)."""
+        self.mlflow.log_table(data=columns, artifact_file=artifact_file)
+
     def end(self, status: str) -> None:
         self.mlflow.end_run(status=status)
         logger.info("MLflow run %s ended %s", self.run_id, status)

@@ -1,0 +1,107 @@
+"""Evaluation of the held-out split with the current weights: at the start (step 0), every
+`eval.every` written groups, and at the end of a run; or once, for mode=evaluate.
+
+Each evaluation runs one greedy rollout per item (`env.eval_temperature`) and
+`eval.samples_per_item` sampled ones (`eval.temperature`), and records:
+- `eval/*` metrics at the step (groups written so far): accuracy (greedy), sampled accuracy,
+  reward, the env's own per-item means, and the same per kind of item where the dataset has
+  kinds (`eval/accuracy/<kind>`, `eval/sampled_accuracy/<kind>`);
+- one line per item in `<run dir>/eval/step_<N>.jsonl` (item, kind, greedy result, samples,
+  correct samples, rewards), also an MLflow artifact;
+- the greedy rollouts as an MLflow table (`eval/samples_step_<N>.json`: prompt, response,
+  reward, correct, turns), which the UI shows in its Evaluation tab.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from opd.config import EvalConfig
+from opd.envs.base import EvalReport, OPDBaseEnv
+from opd.sinks.base import Sink, Written
+from opd.tracking.run import Tracker
+
+logger = logging.getLogger(__name__)
+
+
+class Evaluator(Sink):
+    def __init__(self, env: OPDBaseEnv, cfg: EvalConfig, concurrency: int, out_dir: Path, tracker: Tracker | None) -> None:
+        self.env, self.cfg, self.concurrency, self.out_dir, self.tracker = env, cfg, concurrency, out_dir, tracker
+        self.first: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        self.first_items: list[dict[str, Any]] = []
+        self.last_items: list[dict[str, Any]] = []
+        self.last_step = -1
+        self.step = 0
+
+    async def run(self, step: int) -> EvalReport:
+        """Evaluate now and record it at `step`."""
+        report = await self.env.evaluate(concurrency=self.concurrency, samples_per_item=self.cfg.samples_per_item,
+                                         sample_temperature=self.cfg.temperature, max_items=self.cfg.max_items)
+        self.last, self.last_step, self.last_items = report.metrics, step, report.items
+        if not self.first:
+            self.first, self.first_items = report.metrics, report.items
+        path = self.out_dir / "eval" / f"step_{step:06d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(row) + "\n" for row in report.items))
+        logger.info("evaluation at step %d: accuracy %.3f, sampled accuracy %.3f over %d items", step,
+                    report.metrics.get("eval/accuracy", 0.0), report.metrics.get("eval/sampled_accuracy", float("nan")), len(report.items))
+        if self.tracker is not None:
+            self.tracker.log_metrics(report.metrics, step)
+            self.tracker.log_artifact(path, "eval")
+            self.tracker.log_table(_columns(report.samples), f"eval/samples_step_{step:06d}.json")
+        return report
+
+    async def open(self) -> None:
+        if self.cfg.every is not None:
+            await self.run(0)
+
+    async def write(self, written: Written) -> None:
+        self.step = written.step
+        if self.cfg.every is not None and written.step % self.cfg.every == 0:
+            await self.run(written.step)
+
+    async def close(self, status: str) -> None:
+        if self.cfg.every is not None and status == "FINISHED" and self.last_step != self.step:
+            await self.run(self.step)
+
+    def summary(self) -> dict[str, float]:
+        out = {}
+        for name in ("eval/accuracy", "eval/sampled_accuracy", "eval/reward_mean", "eval/sampled_format_violation_rate"):
+            if name in self.last:
+                key = name.split("/", 1)[1]
+                out[f"summary/first_{key}"] = self.first[name]
+                out[f"summary/final_{key}"] = self.last[name]
+        if self.last_items is not self.first_items:
+            out.update(paired_change(self.first_items, self.last_items))
+        return out
+
+
+def item_accuracy(row: dict[str, Any]) -> float | None:
+    """An item's sampled accuracy (correct samples / samples), or its greedy result without samples."""
+    if row.get("samples"):
+        return row["sampled_correct"] / row["samples"]
+    return None if row.get("greedy_correct") is None else float(row["greedy_correct"])
+
+
+def paired_change(first: list[dict[str, Any]], last: list[dict[str, Any]]) -> dict[str, float]:
+    """Did held-out accuracy rise from the first evaluation to the last, beyond the noise? A paired
+    test over the same items: Wilcoxon's signed-rank test (one-sided, items whose accuracy did not
+    change left out) on per-item accuracy. `summary/eval_paired_p` is its p-value."""
+    from scipy.stats import wilcoxon
+
+    before = {row["item_id"]: item_accuracy(row) for row in first}
+    pairs = [(before[row["item_id"]], item_accuracy(row)) for row in last if before.get(row["item_id"]) is not None and item_accuracy(row) is not None]
+    diffs = [b - a for a, b in pairs]
+    changed = [d for d in diffs if d != 0]
+    p = float(wilcoxon(changed, alternative="greater").pvalue) if len(changed) >= 2 else 1.0
+    return {"summary/eval_paired_items": float(len(pairs)), "summary/eval_paired_items_changed": float(len(changed)),
+            "summary/eval_paired_gain": sum(diffs) / max(1, len(diffs)), "summary/eval_paired_p": p}
+
+
+def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    keys = list(rows[0]) if rows else []
+    return {key: [row.get(key) for row in rows] for key in keys}
