@@ -379,6 +379,8 @@
     if (turn) $("turn-" + turn.dataset.turn)?.scrollIntoView({ block: "center" });
   });
   $("popup").addEventListener("click", (e) => { if (e.target.closest(".close")) hidePopup(); });
+  // A link typed or pasted into this tab (the page's own address updates do not fire this).
+  window.addEventListener("hashchange", openFromHash);
   document.addEventListener("keydown", (e) => { if (e.key === "Escape") hidePopup(); });
 
   const envs = [...new Set(ROWS.map((row) => row[COL.env]))].sort();
