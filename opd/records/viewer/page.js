@@ -134,7 +134,11 @@
     const parts = [`g=${g}`];
     if (r !== null && r !== undefined) parts.push(`r=${r}`);
     if (p !== null && p !== undefined) parts.push(`p=${p}`);
-    history.replaceState(null, "", "#" + parts.join("&"));
+    try {
+      history.replaceState(null, "", "#" + parts.join("&"));
+    } catch (err) {
+      // A sandboxed frame (MLflow shows HTML artifacts in one) may refuse; the view works anyway.
+    }
   }
 
   async function openGroup(g, then) {
