@@ -7,16 +7,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${OPD_VENV:-.venv}"
 inference="${OPD_INFERENCE:-cpu}"
-# The jail of model-written code (opd/tools/sandbox.py) is bubblewrap, a Debian package.
-if ! command -v bwrap >/dev/null 2>&1; then
+# Debian packages: bubblewrap is the jail of model-written code (opd/tools/sandbox.py); chromium
+# renders the records viewer in its tests (tests/test_viewer.py). Installed with apt as root.
+need_apt() {  # need_apt COMMAND PACKAGE ADVICE: install PACKAGE unless COMMAND is already there
+  command -v "$1" >/dev/null 2>&1 && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }
+    # Stale package lists fail the first try; update only then (it is slow).
+    apt-get install -y -qq "$2" >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq "$2" >/dev/null; }
   else
-    echo "warning: bubblewrap (bwrap) is missing and cannot be installed here (needs root and apt-get);" \
-         "install it, or run with env.sandbox.backend=unshare (weaker)" >&2
+    echo "warning: $2 ($1) is missing and cannot be installed here (needs root and apt-get); $3" >&2
   fi
-fi
+}
+need_apt bwrap bubblewrap "install it, or run with env.sandbox.backend=unshare (weaker)"
+need_apt chromium chromium "install it to run the viewer's browser tests (skipped without it)"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$venv/.opd-installed-$inference-$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)"

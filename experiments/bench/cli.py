@@ -1,5 +1,5 @@
 """Benchmarks: `python -m experiments.bench <name> [--repeats N]`, names: overhead, opd, records,
-startup, e2e, tools, loop, all.
+startup, e2e, tools, loop, viewer, all.
 
 Each result is one JSON line on stdout, also appended to outputs/bench/<name>.jsonl with the time,
 git commit and host. These machines are noisy: every ratio is measured within one run, repeated,
@@ -29,9 +29,11 @@ from experiments.bench.overhead import bench_overhead  # noqa: E402
 from experiments.bench.records import bench_records  # noqa: E402
 from experiments.bench.startup import bench_startup  # noqa: E402
 from experiments.bench.tools import bench_tools  # noqa: E402
+from experiments.bench.viewer import bench_viewer  # noqa: E402
 
 BENCHES: dict[str, Callable[..., Iterator[dict[str, Any]]]] = {
-    "overhead": bench_overhead, "opd": bench_opd, "records": bench_records, "startup": bench_startup, "e2e": bench_e2e, "tools": bench_tools, "loop": bench_loop,
+    "overhead": bench_overhead, "opd": bench_opd, "records": bench_records, "startup": bench_startup,
+    "e2e": bench_e2e, "tools": bench_tools, "loop": bench_loop, "viewer": bench_viewer,
 }
 
 

@@ -12,6 +12,8 @@ from opd.records.io import read_groups
 from opd.records.rules import check_group
 
 logger = logging.getLogger("opd.records")
+# The fixture model's directory (opd/fixture/model), named by path: opd.fixture is a higher layer.
+FIXTURE_MODEL = Path(__file__).resolve().parents[1] / "fixture" / "model"
 
 
 def check_file(path: Path) -> tuple[int, list[str]]:
@@ -37,13 +39,33 @@ def _check(paths: list[Path]) -> int:
     return 1 if failed else 0
 
 
+def _view(path: Path, tokenizer_dir: Path, out: Path | None) -> int:
+    from transformers import AutoTokenizer
+
+    from opd.records.viewer import write_viewer
+
+    html = out or path.with_name(path.name.removesuffix(".gz").removesuffix(".jsonl") + ".html")
+    try:
+        write_viewer(path, AutoTokenizer.from_pretrained(str(tokenizer_dir)), html)
+    except (ValueError, OSError) as err:
+        logger.error("%s: %s", path, err)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m opd.records", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="check every group of record files")
     check.add_argument("files", nargs="+", type=Path)
+    view = commands.add_parser("view", help="write the HTML viewer of a record file")
+    view.add_argument("file", type=Path, help="groups.jsonl or groups.jsonl.gz")
+    view.add_argument("--tokenizer", type=Path, default=FIXTURE_MODEL, help="a tokenizer directory (default: the fixture model's)")
+    view.add_argument("--out", type=Path, help="the page to write (default: FILE with the suffix .html)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.command == "view":
+        return _view(args.file, args.tokenizer, args.out)
     return _check(args.files)
 
 

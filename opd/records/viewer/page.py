@@ -1,0 +1,111 @@
+"""`write_viewer`: one self-contained HTML page for a groups.jsonl (no server, no network).
+
+The page holds, in this order: the vocabulary (each token id used, decoded once), the index's
+small per-group summaries, the script (which draws the index as soon as it is parsed), then one
+deflated blob per group (`payload.pack_group`), inflated by the page only when that group is
+opened. The blobs are streamed to a temporary file while the summaries are collected, so memory
+stays at one group whatever the file's size.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from opd.records.io import read_groups
+from opd.records.viewer.payload import pack_group
+from opd.records.viewer.summary import COLUMNS, summarise
+
+logger = logging.getLogger(__name__)
+
+
+def _asset(name: str) -> str:
+    return resources.files("opd.records.viewer").joinpath(name).read_text(encoding="utf-8")
+
+
+def script_json(value: Any) -> str:
+    """JSON safe inside a <script> element: no `<` at all, so neither `</script>` nor `<!--`."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
+
+
+def decode_vocabulary(tokenizer: Any, ids: np.ndarray) -> list[str | None]:
+    """Text of each id in `ids`, at its index (null elsewhere), decoded by `tokenizer` one id at a
+    time: the page shows each token's own piece (a byte of a split character shows as U+FFFD)."""
+    table: list[str | None] = [None] * (int(ids.max()) + 1 if ids.size else 0)
+    wanted = [int(i) for i in ids]
+    try:
+        texts = tokenizer.batch_decode([[i] for i in wanted], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    except Exception as err:  # noqa: BLE001 - an id the tokenizer lacks: decode one by one below
+        logger.warning("decoding the vocabulary in one batch failed (%s); decoding id by id", err)
+        texts = []
+        for i in wanted:
+            try:
+                texts.append(tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False))
+            except Exception:  # noqa: BLE001 - the page shows the id itself
+                texts.append(None)
+    for i, text in zip(wanted, texts):
+        table[i] = text
+    return table
+
+
+def write_viewer(groups_path: Path, tokenizer: Any, html_path: Path) -> Path:
+    """Write the viewer of `groups_path` (.jsonl or .jsonl.gz) to `html_path` and return it.
+    `tokenizer` (a Hugging Face tokenizer) decodes the token ids. A group that cannot be shown,
+    or a line that is not JSON (which ends the reading, as in a file cut by a killed run), is
+    logged and named in the page's header; the rest is shown. The file is replaced whole."""
+    groups_path, html_path = Path(groups_path), Path(html_path)
+    started = time.perf_counter()
+    rows: list[list[Any]] = []
+    problems: list[str] = []
+    used = np.zeros(0, dtype=bool)
+    partial = html_path.with_name(html_path.name + ".part")
+    try:
+        with tempfile.TemporaryFile(dir=html_path.parent) as blobs:
+            try:
+                for index, group in enumerate(read_groups(groups_path)):
+                    try:
+                        row = summarise(index, group)
+                        packed, id_arrays = pack_group(group)
+                    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:  # not a group of this format
+                        problems.append(f"group {index} (line {index + 1}) not shown: {type(err).__name__}: {err}")
+                        logger.warning("%s: %s", groups_path, problems[-1])
+                        continue
+                    rows.append(row)
+                    for ids in id_arrays:
+                        if ids.size:
+                            top = int(ids.max())
+                            if top >= used.size:
+                                used = np.concatenate([used, np.zeros(max(top + 1 - used.size, used.size), dtype=bool)])
+                            used[ids] = True
+                    blobs.write(b'<script type="application/octet-stream" id="g%d">' % index + base64.b64encode(packed) + b"</script>\n")
+            except ValueError as err:  # read_groups: a line that is not JSON
+                problems.append(f"reading stopped: {err}")
+                logger.warning("%s; the viewer shows the groups before it", err)
+            vocabulary = decode_vocabulary(tokenizer, np.flatnonzero(used))
+            head, tail = _asset("page.html").split("{{groups}}")
+            fill = {"title": html.escape(f"{groups_path.parent.name}/{groups_path.name}"), "style": _asset("page.css"), "script": _asset("page.js"),
+                    "vocabulary": script_json(vocabulary), "summary": script_json({"columns": COLUMNS, "rows": rows, "problems": problems})}
+            # One pass, so a placeholder's text inside a filled-in value is left alone.
+            head = re.sub(r"\{\{(\w+)\}\}", lambda m: fill[m.group(1)], head)
+            with open(partial, "wb") as out:
+                out.write(head.encode("utf-8"))
+                blobs.seek(0)
+                shutil.copyfileobj(blobs, out, 1 << 20)
+                out.write(tail.encode("utf-8"))
+        os.replace(partial, html_path)
+    finally:
+        partial.unlink(missing_ok=True)
+    logger.info("viewer of %d groups: %s (%.1f MB, %.1f s)", len(rows), html_path, html_path.stat().st_size / 1e6, time.perf_counter() - started)
+    return html_path
