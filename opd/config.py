@@ -129,6 +129,7 @@ class DatasetConfig:
     eval_size: int = MISSING
     split_seed: int = MISSING
     builtin_size: int = MISSING
+    kinds: Optional[list[str]] = MISSING
 
     def __post_init__(self) -> None:
         _one_of("dataset.source", self.source, ("builtin", "local", "hub", "humaneval"))
@@ -138,6 +139,8 @@ class DatasetConfig:
             _at_least("dataset.max_rows", self.max_rows, 1)
         _at_least("dataset.eval_size", self.eval_size, 0)
         _at_least("dataset.builtin_size", self.builtin_size, 2)
+        if self.kinds is not None:
+            _check(len(self.kinds) > 0, "dataset.kinds", "name at least one kind, or null for all", self.kinds)
 
 
 # ---- environments (conf/env/, conf/sandbox/) -------------------------------------------------
