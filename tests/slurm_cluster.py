@@ -163,9 +163,9 @@ class SlurmCluster:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_CPU_Memory",
             "SchedulerType=sched/backfill",
-            # Finished jobs stay visible to scontrol for the test's checks; kills are quick.
+            # Finished jobs stay visible to scontrol for the test's checks; SIGTERM to SIGKILL as by default.
             "MinJobAge=900",
-            "KillWait=5",
+            "KillWait=30",
             "ReturnToService=2",
             f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={self.memory_mb} State=UNKNOWN",
             # Not the default partition: jobs reach it only by naming it (hydra.launcher.partition).
@@ -212,6 +212,11 @@ class SlurmCluster:
                 logger.warning("ending a stray slurmstepd (pid %d) of this cluster", pid)
                 _kill(pid)
             shutil.rmtree(self.root, ignore_errors=True)
+
+    def leftovers(self) -> list[str]:
+        """What of this cluster is still running (daemons, job steps) as `name (pid N)`; empty after `stop`."""
+        alive = [f"{name} (pid {proc.pid})" for name, proc in self.daemons.items() if proc.poll() is None]
+        return alive + [f"slurmstepd (pid {pid})" for pid in self._stray_steps()]
 
     def _stray_steps(self) -> list[int]:
         """slurmstepd processes of this cluster still alive (they detach from slurmd): those with
