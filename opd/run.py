@@ -72,7 +72,7 @@ def run_info(cfg: Config, job: SweepJob | None, data: TaskSet) -> RunInfo:
         raise RuntimeError(f"tracking is on but the sweep in {job.state.sweep_dir} has no MLflow parent run (was tracking off for the sweep?)")
     tags = {"env": cfg.env.name, "mode": cfg.mode, "model": cfg.server.model, "server": cfg.server.kind, "dataset": cfg.dataset.name}
     if job is not None:
-        tags.update({"opd.sweep_dir": job.state.sweep_dir, "opd.swept": ",".join(job.swept)})
+        tags.update(job.tags())
     dataset = None
     if cfg.tracking.log_input:
         d, evaluating = cfg.dataset, cfg.mode == "evaluate"
