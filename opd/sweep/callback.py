@@ -63,6 +63,9 @@ class SweepCallback(Callback):
         if typed.server.kind == "local" and typed.sweep.share_server:
             if "submitit" in launcher:
                 logger.warning("sweep.share_server: jobs on other machines cannot reach a loopback server; each job starts its own")
+            elif typed.trainer.kind == "local" and "joblib" in launcher:
+                # Each job's trainer reloads the served weights: jobs at once would train each other's.
+                logger.info("sweep.share_server: jobs with trainer=local run at once here, so each starts its own server")
             else:
                 self._start_server(typed, state)
         path = write_state(state)
