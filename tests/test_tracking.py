@@ -184,6 +184,34 @@ def test_a_failed_call_fails_the_run_at_its_next_call(tmp_path: Path) -> None:
     assert run.info.status == "FAILED"
 
 
+KILLED_RUN = """
+import os, signal, sys, time
+from pathlib import Path
+from opd.config import compose, validate
+from opd.tracking.run import RunInfo, open_run
+
+out = Path(sys.argv[1])
+tracking = validate(compose([f"output_dir={out}", f"tracking.uri=sqlite:///{out}/mlflow.db", "tracking.experiment=tracking_test"])).tracking
+with open_run(tracking, out, {"x": 1}, "x: 1\\n", RunInfo("killed", None, None, {}, {}, None), begin=True) as tracker:
+    for step in range(1, 6):
+        tracker.log_metrics({"m": float(step)}, step=step)
+    time.sleep(0.5)  # the calls are in the pipe, the MLflow process is still importing
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_runs_tracking_process_still_records_the_run_for_resume(tmp_path: Path) -> None:
+    from opd.tracking.run import previous_run_id
+
+    proc = subprocess.run([sys.executable, "-c", KILLED_RUN, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    run_id = previous_run_id(tmp_path)  # waits for the orphaned tracking process to finish
+    assert run_id is not None
+    client, run = _only_run(f"sqlite:///{tmp_path}/mlflow.db")
+    assert run.info.run_id == run_id and run.info.status == "RUNNING"  # nothing could close it; resume continues it
+    assert [m.step for m in client.get_metric_history(run_id, "m")] == [1, 2, 3, 4, 5]
+
+
 # ---------------------------------------------------------------- a shared MLflow server
 
 @pytest.fixture(scope="module")

@@ -22,18 +22,23 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from opd.config import ConfigError
-from opd.tracking.session import DatasetRef, ensure_experiment, system_tags  # noqa: F401 (re-exported)
+from opd.tracking.session import DatasetRef, ensure_experiment, git_commit, system_tags  # noqa: F401 (re-exported)
 from opd.tracking.store import absolute_tracking_uri, artifact_location, check_store
 
 logger = logging.getLogger(__name__)
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+# In the run directory: the MLflow run's id (written by the tracking process once the run is
+# open) and the tracking process's pid (a resume waits for it to finish).
+RUN_FILE = "mlflow_run.json"
+PROCESS_FILE = "mlflow_process.pid"
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -64,8 +69,7 @@ class Tracker:
 
     def __init__(
         self, uri: str, experiment: str, artifact_root: str | None, run_name: str | None, max_param_chars: int,
-        parent_run_id: str | None = None, experiment_id: str | None = None, run_id: str | None = None,
-        on_open: Callable[[Tracker], None] | None = None,
+        parent_run_id: str | None = None, experiment_id: str | None = None, run_id: str | None = None, run_file: Path | None = None,
     ) -> None:
         self.uri = absolute_tracking_uri(uri)
         self.max_param_chars = max_param_chars
@@ -79,14 +83,14 @@ class Tracker:
         self._traced = False
         os.environ.pop("MLFLOW_RUN_ID", None)  # an inherited id would hijack the run
         location = artifact_location(self.uri, artifact_root)
-        self._opened = self._send("open", self.uri, experiment, location, run_name, parent_run_id, experiment_id, run_id)
+        self.run_file = run_file
+        self._opened = self._send("open", self.uri, experiment, location, run_name, parent_run_id, experiment_id, run_id,
+                                  None if run_file is None else str(run_file))
 
         def opened(future: Future) -> None:
             if future.exception() is None:
                 run, exp = future.result()
                 logger.info("MLflow run %s in experiment %s (%s)%s", run, exp, self.uri, f", child of {parent_run_id}" if parent_run_id else "")
-                if on_open is not None:
-                    on_open(self)
 
         self._opened.add_done_callback(opened)
 
@@ -99,6 +103,8 @@ class Tracker:
                 return
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))}
             self._process = subprocess.Popen([sys.executable, "-m", "opd.tracking.session"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            if self.run_file is not None:  # a resume waits for it: killed with us, it still sends what it has
+                self.run_file.with_name(PROCESS_FILE).write_text(str(self._process.pid))
             for target in (self._write, self._read):
                 thread = threading.Thread(target=target, name=f"mlflow-{target.__name__[1:]}", daemon=True)
                 thread.start()
@@ -232,6 +238,8 @@ class Tracker:
                 name, future = self._waiting.popleft()
             if answer[0] == "ok":
                 future.set_result(answer[1])
+                if name == "end":
+                    break
                 continue
             _, text, opening = answer
             error: BaseException = (ConfigError(f"tracking.uri: cannot open the MLflow store {self.uri!r}: {text}", "tracking.uri")
@@ -250,13 +258,27 @@ class Tracker:
                 future.set_exception(error)
 
 
-RUN_FILE = "mlflow_run.json"
-
-
-def previous_run_id(out: Path) -> str | None:
-    """The MLflow run a killed run in `out` was logging to (for resume=true), if any."""
+def previous_run_id(out: Path, wait_s: float = 120.0) -> str | None:
+    """The MLflow run a killed run in `out` was logging to (for resume=true), if any. A killed
+    run's tracking process still sends the calls it was given, then exits: wait for it first."""
+    process = out / PROCESS_FILE
+    if process.exists():
+        pid, deadline = int(process.read_text() or 0), time.monotonic() + wait_s
+        while pid > 0 and _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
     path = out / RUN_FILE
     return json.loads(path.read_text()).get("run_id") if path.exists() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    status = Path(f"/proc/{pid}/stat")  # an exited child not yet reaped is not alive
+    return not (status.exists() and status.read_text().rsplit(")", 1)[-1].split()[0] == "Z")
 
 
 @dataclass(frozen=True)
@@ -279,12 +301,8 @@ def open_run(tracking: Any, out: Path, resolved: dict[str, Any], yaml_text: str,
     is opened once `tracker.begin()` is called (at once with `begin=True`); a failure of its
     tracking fails the block at its next call to the tracker, or at its end."""
     check_store(tracking.uri, tracking.artifact_root)
-
-    def remember(tracker: Tracker) -> None:  # so that resume=true continues this MLflow run
-        (out / RUN_FILE).write_text(json.dumps({"run_id": tracker._opened.result()[0], "tracking_uri": tracker.uri}))
-
     tracker = Tracker(tracking.uri, tracking.experiment, tracking.artifact_root, info.name, tracking.max_param_chars,
-                      parent_run_id=info.parent_run_id, experiment_id=info.experiment_id, run_id=resume_id, on_open=remember)
+                      parent_run_id=info.parent_run_id, experiment_id=info.experiment_id, run_id=resume_id, run_file=out / RUN_FILE)
     status = "FAILED"
     try:
         if begin:

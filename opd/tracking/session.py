@@ -5,8 +5,9 @@ made with MLflow, one at a time in the order sent, and each is answered. Importi
 opening a store take seconds of CPU; in this process they take none from the run's event loop
 (a thread would share its interpreter lock). Protocol: pickled `(name, args)` on stdin, a pickled
 `("ok", value)` or `("error", text, store_error)` per call on the descriptor that was stdout
-(stdout itself goes to stderr, so nothing else can write into the answers). End of input ends
-the process; Ctrl-C and SIGTERM are left to the run, which ends the MLflow run with its status.
+(stdout itself goes to stderr, so nothing else can write into the answers). The call `end`, or
+the end of input (the run died), ends the process; Ctrl-C and SIGTERM are left to the run, which
+ends the MLflow run with its status.
 """
 
 from __future__ import annotations
@@ -107,8 +108,9 @@ class Session:
         self.mlflow = mlflow
 
     def open(self, uri: str, experiment: str, location: str | None, run_name: str | None, parent_run_id: str | None,
-             experiment_id: str | None, run_id: str | None) -> tuple[str, str]:
-        """Open (or, with `run_id`, continue) the run; its (run id, experiment id)."""
+             experiment_id: str | None, run_id: str | None, run_file: str | None) -> tuple[str, str]:
+        """Open (or, with `run_id`, continue) the run; its (run id, experiment id). The id goes to
+        `run_file` at once, from here: a run killed before the answer still leaves it for resume."""
         mlflow = self.mlflow
         mlflow.set_tracking_uri(uri)
         client = mlflow.MlflowClient(uri)
@@ -118,6 +120,10 @@ class Session:
         else:
             experiment_id = experiment_id or ensure_experiment(client, experiment, location)
             run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, parent_run_id=parent_run_id)
+        if run_file is not None:
+            path = Path(run_file)
+            path.with_suffix(".tmp").write_text(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri}))
+            path.with_suffix(".tmp").replace(path)
         return run.info.run_id, experiment_id
 
     def log_params(self, params: dict[str, str]) -> None:
@@ -159,14 +165,15 @@ class Session:
             self.mlflow.end_run(status=status)
 
 
-def serve(calls: Any, answers: Any) -> None:
-    """Answer each call read from `calls` on `answers` until the input ends."""
+def serve(calls: Any, answers: Any) -> bool:
+    """Answer each call read from `calls` on `answers` until `end` (True) or the end of the
+    input (False: the run died without ending its MLflow run)."""
     session: Session | None = None
     while True:
         try:
             name, args = pickle.load(calls)
         except EOFError:
-            return
+            return False
         try:
             if session is None:
                 session = Session()
@@ -174,8 +181,14 @@ def serve(calls: Any, answers: Any) -> None:
             answer: tuple[Any, ...] = ("ok", value)
         except Exception as err:  # every failure is answered; the run decides what it means
             answer = ("error", f"{type(err).__name__}: {str(err)[:1000]}", name == "open")
-        pickle.dump(answer, answers)
-        answers.flush()
+        if answers is not None:
+            try:
+                pickle.dump(answer, answers)
+                answers.flush()
+            except OSError:  # the run died: make the calls it sent anyway, unanswered
+                answers = None
+        if name == "end":  # the last call: a forked child of the run may still hold our input open
+            return True
 
 
 def main() -> None:
@@ -185,7 +198,12 @@ def main() -> None:
     os.dup2(2, 1)  # anything MLflow prints goes to stderr, never into the answers
     sys.stdout = sys.stderr
     logging.basicConfig(level=logging.WARNING, format="[mlflow process] %(levelname)s %(name)s: %(message)s")
-    serve(sys.stdin.buffer, answers)
+    if not serve(sys.stdin.buffer, answers):
+        # The run was killed: leave its MLflow run RUNNING, as the run left it (resume continues
+        # it; a sweep marks it FAILED), instead of letting MLflow's exit hook end it FINISHED.
+        # Every call was made synchronously, so nothing is left to send.
+        logging.shutdown()
+        os._exit(0)
 
 
 if __name__ == "__main__":
