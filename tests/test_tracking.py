@@ -163,7 +163,9 @@ def test_a_failing_block_ends_failed_and_ctrl_c_ends_killed(tmp_path: Path) -> N
     assert {r.info.run_name: r.info.status for r in runs} == {"failing": "FAILED", "killed": "KILLED"}
 
 
-def test_a_store_that_fails_after_the_check_fails_the_run(tmp_path: Path) -> None:
+def test_a_store_that_fails_after_the_check_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # the tracking process's directory too
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = _client(uri)
     client.delete_experiment(client.create_experiment("tracking_test"))  # runs cannot start in it
@@ -173,6 +175,9 @@ def test_a_store_that_fails_after_the_check_fails_the_run(tmp_path: Path) -> Non
                 tracker.run_id  # noqa: B018 - waits for the opening
             tracker.log_metrics({"m": 1.0}, step=1)  # the next call raises it again
     assert "deleted" in str(info.value) or "active" in str(info.value)
+    # The calls queued behind the failed opening were refused, not made in a run of MLflow's own
+    # (the Default experiment, artifacts in ./mlruns of the current directory).
+    assert client.search_runs(["0"]) == [] and not (tmp_path / "cwd" / "mlruns").exists()
 
 
 def test_a_failed_call_fails_the_run_at_its_next_call(tmp_path: Path) -> None:

@@ -106,6 +106,15 @@ class Session:
         import mlflow
 
         self.mlflow = mlflow
+        self.opened = False
+
+    def call(self, name: str, args: tuple[Any, ...]) -> Any:
+        """Make one call. Nothing but `open` and `end` runs before the run is open: MLflow's
+        fluent calls would start a run of their own in the store's Default experiment, whose
+        artifacts go to `./mlruns` of the current directory (a failed `open` left such runs)."""
+        if name not in ("open", "end") and not self.opened:
+            raise RuntimeError(f"{name}: the MLflow run is not open (its opening failed)")
+        return getattr(self, name)(*args)
 
     def open(self, uri: str, experiment: str, location: str | None, run_name: str | None, parent_run_id: str | None,
              experiment_id: str | None, run_id: str | None, run_file: str | None) -> tuple[str, str]:
@@ -124,6 +133,7 @@ class Session:
             path = Path(run_file)
             path.with_suffix(".tmp").write_text(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri}))
             path.with_suffix(".tmp").replace(path)
+        self.opened = True
         return run.info.run_id, experiment_id
 
     def log_params(self, params: dict[str, str]) -> None:
@@ -177,7 +187,7 @@ def serve(calls: Any, answers: Any) -> bool:
         try:
             if session is None:
                 session = Session()
-            value = getattr(session, name)(*args)
+            value = session.call(name, args)
             answer: tuple[Any, ...] = ("ok", value)
         except Exception as err:  # every failure is answered; the run decides what it means
             answer = ("error", f"{type(err).__name__}: {str(err)[:1000]}", name == "open")
