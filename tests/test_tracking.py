@@ -274,13 +274,15 @@ def test_concurrent_sweep_jobs_lose_nothing_on_a_shared_server(mlflow_server, tm
     from experiments.bench import scripted_server
 
     url, root = mlflow_server
-    steps, sweep_dir = 8, tmp_path / "sweep"
+    # One group at a time, 1 s per request: each job logs over 12+ s, so the two jobs log at once
+    # even when one of them starts seconds later (the machine is shared).
+    steps, sweep_dir = 12, tmp_path / "sweep"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     env.pop("MLFLOW_RUN_ID", None)
-    with scripted_server(0.05) as infer:
+    with scripted_server(1.0) as infer:
         proc = subprocess.run([
             sys.executable, "-m", "experiments.launch", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "env=inline_math",
-            "server=vllm", f"server.model={FIXTURE}", f"server.base_urls=[{infer}]", "group_size=2", f"total_steps={steps}", "seed=0,1",
+            "server=vllm", f"server.model={FIXTURE}", f"server.base_urls=[{infer}]", "group_size=2", f"total_steps={steps}", "runner.groups_in_flight=1", "seed=0,1",
             "runner.progress=false", f"tracking.uri={url}", "tracking.experiment=shared_sweep", f"hydra.sweep.dir={sweep_dir}",
         ], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -295,8 +297,10 @@ def test_concurrent_sweep_jobs_lose_nothing_on_a_shared_server(mlflow_server, tm
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     assert {c.data.params["seed"] for c in children} == {"0", "1"}
     assert len({c.data.tags["opd.pid"] for c in children}) == 2  # two processes
-    # They logged at once: the two runs overlap in time.
+    # They logged at once: the two runs, and the times their per-group metrics were logged, overlap.
     assert max(c.info.start_time for c in children) < min(c.info.end_time for c in children)
+    logged = [[m.timestamp for m in client.get_metric_history(c.info.run_id, "reward/mean")] for c in children]
+    assert max(min(t) for t in logged) < min(max(t) for t in logged)
     for child in children:
         run_id, out = child.info.run_id, Path(child.data.tags["output_dir"])
         groups = [json.loads(line) for line in (out / "groups.jsonl").read_text().splitlines()]
