@@ -114,7 +114,7 @@ def tracer(cfg: Config, tracker: Tracker | None) -> Tracer:
     if rollouts > cfg.tracking.traces_max_rollouts:
         logger.warning("tracking.traces: off, this run makes %d rollouts > tracking.traces_max_rollouts=%d", rollouts, cfg.tracking.traces_max_rollouts)
         return Tracer.off()
-    return Tracer(True, tracker.experiment_id)
+    return Tracer(True, tracker.for_traces())
 
 
 def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None) -> OPDBaseEnv:

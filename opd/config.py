@@ -386,7 +386,7 @@ class TrackingConfig:
 
     enabled: bool = MISSING
     uri: str = MISSING
-    artifact_root: str = MISSING
+    artifact_root: Optional[str] = MISSING
     experiment: str = MISSING
     run_name: Optional[str] = MISSING
     max_param_chars: int = MISSING
