@@ -46,6 +46,61 @@ def _fraction(key: str, value: float) -> None:
     _check(0 <= value <= 1, key, "in [0, 1]", value)
 
 
+# ---- the model preset (conf/model/) -----------------------------------------------------------
+
+
+@dataclass
+class ModelInlineMath:
+    """model.inline_math: budgets and sampling of env=inline_math with this model."""
+
+    max_model_len: int = MISSING
+    max_tool_calls: int = MISSING
+    max_tokens_per_segment: int = MISSING
+    max_new_tokens: int = MISSING
+    temperature: float = MISSING
+
+
+@dataclass
+class ModelCoding:
+    """model.opd_coding: budgets and sampling of env=opd_coding with this model."""
+
+    max_model_len: int = MISSING
+    max_turns: int = MISSING
+    max_tokens_per_turn: int = MISSING
+    temperature: float = MISSING
+    judge_max_tokens: int = MISSING
+
+
+@dataclass
+class ModelConfig:
+    """model=<preset>: the model family's formats and budgets (conf/model/fixture.yaml documents
+    each field). The envs, the server and the judge read their defaults from here."""
+
+    name: str = MISSING
+    path: str = MISSING
+    dtype: str = MISSING
+    tool_call_parser: str = MISSING
+    reasoning_parser: Optional[str] = MISSING
+    tool_call_start: str = MISSING
+    tool_call_end: str = MISSING
+    call_template: str = MISSING
+    tool_response_template: str = MISSING
+    required_tokens: list[str] = MISSING
+    chat_template_kwargs: dict[str, Any] = MISSING
+    inline_math: ModelInlineMath = MISSING
+    opd_coding: ModelCoding = MISSING
+
+    def __post_init__(self) -> None:
+        _check(bool(self.tool_call_parser), "model.tool_call_parser", "a vLLM --tool-call-parser name", self.tool_call_parser)
+        _check(bool(self.tool_call_start) and bool(self.tool_call_end), "model.tool_call_start/tool_call_end", "non-empty markers",
+               (self.tool_call_start, self.tool_call_end))
+        for key in ("$name", "$arguments"):
+            _check(key in self.call_template, "model.call_template", f"a template with {key}", self.call_template)
+        _check("$result" in self.tool_response_template, "model.tool_response_template", "a template with $result", self.tool_response_template)
+        for env in ("inline_math", "opd_coding"):
+            _at_least(f"model.{env}.max_model_len", getattr(self, env).max_model_len, 16)
+
+
 # ---- inference servers (conf/server/) -------------------------------------------------------
 
 
@@ -79,6 +134,7 @@ class LocalServerConfig(ServerConfig):
 
     dtype: str = MISSING
     tool_call_parser: Optional[str] = MISSING
+    reasoning_parser: Optional[str] = MISSING
     cpu_kv_cache_gib: int = MISSING
     enforce_eager: bool = MISSING
     startup_timeout_s: float = MISSING
@@ -523,6 +579,7 @@ class EvalConfig:
 class Config:
     """The root (conf/config.yaml); the groups' schemas come from the chosen options."""
 
+    model: ModelConfig = MISSING
     env: Any = MISSING
     dataset: DatasetConfig = MISSING
     reward: Any = MISSING
@@ -563,6 +620,7 @@ class Config:
 
 _SCHEMAS = {
     None: {"config_schema": Config},
+    "model": {"model_schema": ModelConfig},
     "env": {"inline_math_schema": InlineMathEnvConfig, "opd_coding_schema": OPDCodingEnvConfig},
     "reward": {"inline_math_schema": InlineMathRewardConfig, "opd_coding_schema": OPDCodingRewardConfig},
     "server": {"local_schema": LocalServerConfig, "vllm_schema": RemoteServerConfig},
