@@ -119,8 +119,10 @@ def tracer(cfg: Config, tracker: Tracker | None) -> Tracer:
 
 def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None) -> OPDBaseEnv:
     """The configured environment over `pool` (and `judge`, judge=server's own pool)."""
+    from opd.agent.chat_format import ChatFormat
+
     common = {"data": data, "pool": pool, "tokenizer_path": model, "group_size": cfg.group_size,
-              "max_model_len": cfg.server.max_model_len, "seed": cfg.seed, "tracer": tracer}
+              "max_model_len": cfg.server.max_model_len, "seed": cfg.seed, "tracer": tracer, "chat_format": ChatFormat.from_config(cfg.model)}
     if cfg.env.name == "inline_math":
         from opd.envs.inline_math import InlineMathEnv
 

@@ -58,6 +58,7 @@ class ModelInlineMath:
     max_tokens_per_segment: int = MISSING
     max_new_tokens: int = MISSING
     temperature: float = MISSING
+    tool_instruction: bool = MISSING
 
 
 @dataclass
@@ -250,6 +251,7 @@ class InlineMathEnvConfig(EnvConfig):
     dynamic_pool_size: int = MISSING
     dynamic_shots: int = MISSING
     problem_suffix: str = MISSING
+    tool_instruction: bool = MISSING
     calculator_max_chars: int = MISSING
     sandbox: SandboxConfig = MISSING
 

@@ -46,8 +46,11 @@ def with_hint(context: list[dict[str, Any]], hint: str, placement: str) -> list[
     return messages + [{"role": "user", "content": f"{HINT_HEADER}\n{hint.strip()}"}]
 
 
-async def score_turn(tokenizer: Any, context: list[dict[str, Any]], tools: list[dict] | None, turn_ids: list[int], hint: str, placement: str, top_k: int, score: ScoreFn) -> TeacherRows:
-    prompt = tokenizer.apply_chat_template(with_hint(context, hint, placement), tools=tools, add_generation_prompt=True, tokenize=False)
+async def score_turn(tokenizer: Any, context: list[dict[str, Any]], tools: list[dict] | None, turn_ids: list[int], hint: str, placement: str, top_k: int, score: ScoreFn,
+                     template_kwargs: dict[str, Any] | None = None) -> TeacherRows:
+    """The hinted teacher's rows on `turn_ids`: the context with the hint, rendered by the chat
+    template (with the rollout's template arguments), then the student's exact ids."""
+    prompt = tokenizer.apply_chat_template(with_hint(context, hint, placement), tools=tools, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     first = len(prompt_ids)
     result = await score(prompt_ids + list(turn_ids), top_k, first)

@@ -17,6 +17,7 @@ from typing import Any
 
 from atroposlib.envs.base import ScoredDataGroup
 
+from opd.agent.chat_format import TurnParser
 from opd.agent.loop import AgentLimits, AgentRollout, run_agent
 from opd.config import ConfigError, JudgeConfig, OPDCodingEnvConfig, OPDCodingRewardConfig
 from opd.distill.pipeline import FailureLog, apply_opd
@@ -38,7 +39,8 @@ class OPDCodingEnv(OPDBaseEnv):
     name = "opd_coding"
 
     def __init__(self, cfg: OPDCodingEnvConfig, reward: OPDCodingRewardConfig, judge: JudgeConfig, judge_pool: ServerPool | None = None, **common: Any) -> None:
-        super().__init__(temperature=cfg.temperature, top_p=cfg.top_p, eval_temperature=cfg.eval_temperature, **common)
+        super().__init__(temperature=cfg.temperature, top_p=cfg.top_p, eval_temperature=cfg.eval_temperature, tools=coding_prompt.TOOLS, **common)
+        self.parser = TurnParser(self.chat_format, self.tokenizer, coding_prompt.TOOLS)
         self.cfg, self.reward_cfg, self.judge_cfg = cfg, reward, judge
         self.rubric = Rubric(rewards.SIGNALS, reward.weights, params=reward)
         self.system_prompt = cfg.system_prompt or coding_prompt.SYSTEM_PROMPT
@@ -68,9 +70,12 @@ class OPDCodingEnv(OPDBaseEnv):
             return await self.server.score(input_ids, top_k, rows_from)
 
     async def judge_chat(self, messages: list[dict[str, str]], n: int, max_tokens: int, temperature: float) -> list[str]:
+        # The policy judging itself gets the preset's template arguments (thinking on or off).
+        extra = {"chat_template_kwargs": dict(self.chat_format.template_kwargs)} if self.judge_pool is self.server and self.chat_format.template_kwargs else {}
+
         async def one(count: int) -> list[str]:
             with self.tracer.span("judge", "LLM", {"messages": messages, "votes": count}) as span:
-                texts = await self.judge_pool.chat(messages, n=count, max_tokens=max_tokens, temperature=temperature)
+                texts = await self.judge_pool.chat(messages, n=count, max_tokens=max_tokens, temperature=temperature, **extra)
                 span.outputs(texts)
             return texts
 
@@ -94,6 +99,8 @@ class OPDCodingEnv(OPDBaseEnv):
                 temperature=temperature,
                 top_p=self.top_p,
                 tracer=self.tracer,
+                fmt=self.chat_format,
+                parser=self.parser,
             )
             with self.tracer.span("task tests", "TOOL") as span:
                 tests = await rewards.run_task_tests(workspace, task["test_code"], replace(self.cfg.sandbox, timeout_s=self.reward_cfg.tests_timeout_s),
@@ -139,6 +146,7 @@ class OPDCodingEnv(OPDBaseEnv):
         fields = await apply_opd(
             rollouts, tokenizer=self.tokenizer, tools=coding_prompt.TOOLS, chat=self.judge_chat, score=self.score_prompt,
             opd=self.cfg.opd, judge=self.judge_cfg, failures=self.failures, tracer=self.tracer, trace_roots=roots,
+            template_kwargs=dict(self.chat_format.template_kwargs),
         )
         group["group_overrides"]["opd_wall_s"] = round(time.monotonic() - started, 3)
         group["distill_token_ids"] = fields["distill_token_ids"]
