@@ -87,6 +87,7 @@ class ModelConfig:
     call_template: str = MISSING
     tool_response_template: str = MISSING
     required_tokens: list[str] = MISSING
+    chat_template: Optional[str] = MISSING
     chat_template_kwargs: dict[str, Any] = MISSING
     inline_math: ModelInlineMath = MISSING
     opd_coding: ModelCoding = MISSING
@@ -136,6 +137,7 @@ class LocalServerConfig(ServerConfig):
     dtype: str = MISSING
     tool_call_parser: Optional[str] = MISSING
     reasoning_parser: Optional[str] = MISSING
+    chat_template: Optional[str] = MISSING
     cpu_kv_cache_gib: int = MISSING
     enforce_eager: bool = MISSING
     startup_timeout_s: float = MISSING

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from string import Template
 from typing import Any, Mapping
 
@@ -44,12 +45,25 @@ class ChatFormat:
     response_template: str = "\n<tool_response>\n$result\n</tool_response>\n"
     required_tokens: tuple[str, ...] = ("<tool_call>", "</tool_call>")
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None  # a template's text replacing the tokenizer's
 
     @classmethod
     def from_config(cls, model: Any) -> "ChatFormat":
-        """From a validated `ModelConfig` (or anything with its fields)."""
+        """From a validated `ModelConfig` (or anything with its fields); reads its template file."""
+        template = None
+        if model.chat_template:
+            try:
+                template = Path(model.chat_template).read_text(encoding="utf-8")
+            except OSError as err:
+                raise ChatFormatError(f"model.chat_template: cannot read {model.chat_template}: {err}") from None
         return cls(model.tool_call_parser, model.reasoning_parser, model.tool_call_start, model.tool_call_end, model.call_template,
-                   model.tool_response_template, tuple(model.required_tokens), dict(model.chat_template_kwargs))
+                   model.tool_response_template, tuple(model.required_tokens), dict(model.chat_template_kwargs), template)
+
+    @property
+    def render_kwargs(self) -> dict[str, Any]:
+        """Extra arguments of every `apply_chat_template` call: the template arguments, and the
+        replacement template when there is one."""
+        return {**self.template_kwargs, **({"chat_template": self.chat_template} if self.chat_template else {})}
 
     @property
     def harmony(self) -> bool:
@@ -66,7 +80,7 @@ class ChatFormat:
 
     def render(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None, add_generation_prompt: bool = False) -> str:
         """The chat template's text for `messages`, with this format's template arguments."""
-        return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **self.template_kwargs)
+        return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **self.render_kwargs)
 
 
 @dataclass(frozen=True)
@@ -87,7 +101,8 @@ class TurnParser:
         from vllm.parser.parser_manager import ParserManager
 
         # vLLM logs a traceback for every malformed call; here each one is an error result instead.
-        logging.getLogger("vllm.tool_parsers").setLevel(logging.CRITICAL)
+        for name in ("vllm.tool_parsers", "vllm.parser", "vllm.reasoning"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
         self.fmt = fmt
         self.tokenizer = tokenizer
         self.request = ChatCompletionRequest(model="opd", messages=[{"role": "user", "content": ""}], tools=tools or None)
@@ -174,7 +189,7 @@ def check(fmt: ChatFormat, tokenizer: Any, tools: list[dict], model: str) -> Non
     tools; else a `ChatFormatError` naming the model, the template and what is missing."""
     vocab = tokenizer.get_vocab()
     missing = [t for t in fmt.required_tokens if t not in vocab]
-    template = f"the chat template of {getattr(tokenizer, 'name_or_path', model)!s}"
+    template = "the chat template model.chat_template" if fmt.chat_template else f"the chat template of {getattr(tokenizer, 'name_or_path', model)!s}"
     if missing:
         raise ChatFormatError(f"model {model!r}: the {fmt.tool_parser} format needs the tokens {missing}, which {template} "
                               "tokenizer does not have (wrong model=... preset for this model?)")

@@ -93,7 +93,7 @@ async def run_agent(
             rollout.messages += tool_messages
             rollout.finish = "max_turns"
             break
-        rollout.sequence.add_inserted(continuation_ids(tokenizer, rollout.messages, tool_messages, tools, fmt.template_kwargs))
+        rollout.sequence.add_inserted(continuation_ids(tokenizer, rollout.messages, tool_messages, tools, fmt.render_kwargs))
         rollout.messages += tool_messages
     return rollout
 

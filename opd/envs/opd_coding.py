@@ -146,7 +146,7 @@ class OPDCodingEnv(OPDBaseEnv):
         fields = await apply_opd(
             rollouts, tokenizer=self.tokenizer, tools=coding_prompt.TOOLS, chat=self.judge_chat, score=self.score_prompt,
             opd=self.cfg.opd, judge=self.judge_cfg, failures=self.failures, tracer=self.tracer, trace_roots=roots,
-            template_kwargs=dict(self.chat_format.template_kwargs),
+            template_kwargs=self.chat_format.render_kwargs,
         )
         group["group_overrides"]["opd_wall_s"] = round(time.monotonic() - started, 3)
         group["distill_token_ids"] = fields["distill_token_ids"]
