@@ -70,6 +70,7 @@ class ModelCoding:
     max_tokens_per_turn: int = MISSING
     temperature: float = MISSING
     judge_max_tokens: int = MISSING
+    show_tests: bool = MISSING
 
 
 @dataclass
@@ -275,8 +276,10 @@ class OPDConfig:
     enabled: bool = MISSING
     topk: int = MISSING
     hint_placement: str = MISSING
+    hint_header: str = MISSING
     max_state_chars: int = MISSING
     max_response_chars: int = MISSING
+    response_cut: str = MISSING
     max_concurrency: int = MISSING
 
     def __post_init__(self) -> None:
@@ -284,6 +287,7 @@ class OPDConfig:
         _one_of("env.opd.hint_placement", self.hint_placement, ("last_user", "system", "new_user"))
         _at_least("env.opd.max_state_chars", self.max_state_chars, 1)
         _at_least("env.opd.max_response_chars", self.max_response_chars, 1)
+        _one_of("env.opd.response_cut", self.response_cut, ("tail", "head"))
         _at_least("env.opd.max_concurrency", self.max_concurrency, 1)
 
 
@@ -294,6 +298,7 @@ class OPDCodingEnvConfig(EnvConfig):
     max_turns: int = MISSING
     max_tokens_per_turn: int = MISSING
     system_prompt: Optional[str] = MISSING
+    show_tests: bool = MISSING
     max_file_chars: int = MISSING
     sandbox: SandboxConfig = MISSING
     opd: OPDConfig = MISSING
@@ -323,6 +328,8 @@ class InlineMathRewardConfig:
     """reward=inline_math (conf/reward/inline_math.yaml)."""
 
     weights: InlineMathWeights = MISSING
+    format_penalty: str = MISSING
+    flat_format_score: float = MISSING
     max_answer_chars: int = MISSING
     verify_timeout_s: float = MISSING
     verify_workers: int = MISSING
@@ -331,6 +338,7 @@ class InlineMathRewardConfig:
         _check(self.weights.correct > self.weights.incorrect, "reward.weights.correct", "> reward.weights.incorrect", self.weights.correct)
         _at_least("reward.weights.tool_use", self.weights.tool_use, 0)
         _check(self.weights.format_violation <= 0, "reward.weights.format_violation", "<= 0", self.weights.format_violation)
+        _one_of("reward.format_penalty", self.format_penalty, ("flat", "additive"))
         _at_least("reward.max_answer_chars", self.max_answer_chars, 1)
         _at_least("reward.verify_timeout_s", self.verify_timeout_s, 0.1)
         _at_least("reward.verify_workers", self.verify_workers, 1)
@@ -377,8 +385,11 @@ class OPDCodingRewardConfig:
     tool_usage: ToolUsage = MISSING
     tests_timeout_s: float = MISSING
     max_solution_chars: int = MISSING
+    clamp: Optional[list[float]] = MISSING
 
     def __post_init__(self) -> None:
+        if self.clamp is not None:
+            _check(len(self.clamp) == 2 and self.clamp[0] <= self.clamp[1], "reward.clamp", "[low, high] with low <= high, or null", self.clamp)
         for name in ("correctness", "efficiency", "tool_usage"):
             _at_least(f"reward.weights.{name}", getattr(self.weights, name), 0)
         for name in ("passed", "assertion", "crash", "nothing_written"):

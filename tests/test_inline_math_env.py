@@ -102,19 +102,22 @@ def test_tool_call_limit_is_enforced(make_env, tokenizer) -> None:
 
 
 @pytest.mark.parametrize(
-    ("reply", "score", "finish"),
+    ("reply", "score", "additive", "finish"),
     [
-        ("<think>no tools</think> The answer is \\boxed{5}.<|im_end|>", 1.0, "eos"),
-        ("<think>no tools</think> The answer is \\boxed{4}.<|im_end|>", -1.0, "eos"),
-        ("<think>never closed \\boxed{5}<|im_end|>", -3.0, "eos"),
-        ("<think>x</think>" + '<tool_call>\n{"name": "calculator", "arguments": {"expr": "1"}}\n</tool_call>', -3.0, "tool_after_think"),
+        ("<think>no tools</think> The answer is \\boxed{5}.<|im_end|>", 1.0, 1.0, "eos"),
+        ("<think>no tools</think> The answer is \\boxed{4}.<|im_end|>", -1.0, -1.0, "eos"),
+        ("<think>never closed \\boxed{5}<|im_end|>", -1.0, -3.0, "eos"),
+        ("<think>x</think>" + '<tool_call>\n{"name": "calculator", "arguments": {"expr": "1"}}\n</tool_call>', -1.0, -3.0, "tool_after_think"),
     ],
 )
-def test_reward_signals(make_env, reply: str, score: float, finish: str) -> None:
+def test_reward_signals(make_env, reply: str, score: float, additive: float, finish: str) -> None:
+    """A format violation scores the reference's flat -1; reward.format_penalty=additive adds its weight instead."""
     env = make_env([(reply, "stop")])
     group = collect(env)
     assert group["scores"] == [pytest.approx(score)]
     assert group["overrides"][0]["finish"] == finish
+    group = collect(make_env([(reply, "stop")], ["reward.format_penalty=additive"]))
+    assert group["scores"] == [pytest.approx(additive)]
 
 
 def test_token_budget_bounds_the_rollout(make_env) -> None:

@@ -182,7 +182,10 @@ def test_hinted_turn_carries_teacher_rows_on_its_own_tokens(make_env, tokenizer)
             assert ids[position] == [DISTILL_PAD_ID] * 4 and lps[position] == [DISTILL_PAD_LOGPROB] * 4
             assert group["overrides"][0]["teacher_logprobs"][position] is None
     metrics = env.group_metrics(group)
-    assert metrics["opd/hint_rate"] == 0.25 and metrics["opd/turns_scored"] == 1 and metrics["opd/pairs"] == 4
+    assert metrics["opd/pair_hint_rate"] == 0.25 and metrics["opd/turns_scored"] == 1 and metrics["opd/pairs"] == 4
+    # The reference's names: rollouts with a hint (the group has one rollout), scored turns per rollout.
+    assert metrics["opd/hint_rate"] == 1.0 and metrics["opd/mean_turns_scored"] == 1.0
+    assert metrics["train/pass_rate"] == float(group["overrides"][0]["reward_signals"]["correctness"] >= 0.8)
     assert metrics["opd/teacher_minus_student_lp"] == pytest.approx(-0.1 + 0.5)
 
 
@@ -214,3 +217,17 @@ def test_opd_disabled_writes_plain_records(make_env) -> None:
     env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."], ["env.opd.enabled=false"])
     group = collect(env)
     assert "distill_token_ids" not in group and env.client.chats == []
+
+
+def test_reference_defaults_clamp_show_tests_and_any_positive_vote(make_env) -> None:
+    """The reference's choices, each one override away from ours: the score clamped to [0, 1],
+    the task's tests in the prompt, a hint when any vote is positive."""
+    turns = [call("write_file", path="solution.py", content=GOOD), "Done."]
+    heavy = ["env.opd.enabled=false", "reward.weights.correctness=2.0"]
+    assert collect(make_env(turns, heavy))["scores"] == [1.0]
+    assert collect(make_env(turns, [*heavy, "reward.clamp=null"]))["scores"][0] > 1.0
+    shown = collect(make_env(turns, ["env.opd.enabled=false", "env.show_tests=true"]))["messages"][0][1]["content"]
+    hidden = collect(make_env(turns, ["env.opd.enabled=false"]))["messages"][0][1]["content"]
+    assert TASK["test_code"].strip() in shown and "assert add_3" not in hidden
+    assert validate(compose(["env=opd_coding"])).judge.decision_rule == "any"
+    assert validate(compose(["env=opd_coding", "model=qwen3"])).env.show_tests is True

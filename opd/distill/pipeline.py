@@ -75,7 +75,7 @@ async def judge_and_score(seq_index: int, pair: TurnPair, turn_ids: list[int], *
         return JudgedPair(seq_index, pair, record, None)
     try:
         async with semaphore:
-            rows = await score_turn(tokenizer, pair.context, tools, turn_ids, judgement.hint, opd.hint_placement, opd.topk, score, template_kwargs)
+            rows = await score_turn(tokenizer, pair.context, tools, turn_ids, judgement.hint, opd.hint_placement, opd.topk, score, template_kwargs, opd.hint_header)
     except Exception as err:
         record["error"] = failures.record("teacher scoring", err)
         return JudgedPair(seq_index, pair, record, None)
@@ -126,7 +126,7 @@ async def apply_opd(
     """Fields to merge into the group (`distill_*` arrays, per-sequence override additions);
     `template_kwargs`: the chat-template arguments the rollouts were rendered with."""
     semaphore = asyncio.Semaphore(opd.max_concurrency)
-    pairs = [(i, pair) for i, r in enumerate(rollouts) for pair in turn_pairs(r, opd.max_state_chars, opd.max_response_chars)]
+    pairs = [(i, pair) for i, r in enumerate(rollouts) for pair in turn_pairs(r, opd.max_state_chars, opd.max_response_chars, opd.response_cut)]
 
     async def one(seq_index: int, pair: TurnPair) -> JudgedPair:
         turn_ids = rollouts[seq_index].sequence.tokens[pair.span.start : pair.span.end]

@@ -129,7 +129,10 @@ class InlineMathEnv(OPDBaseEnv):
     async def score(self, rollout: Rollout, answer: str) -> Scored:
         correct = await rewards.check_answer(rollout.text, answer, self.verifier, self.reward_cfg.max_answer_chars)
         rollout.verify_timed_out = correct is None
-        return self.rubric.score(rewards.MathOutcome(rollout.text, rollout.tool_calls_run, bool(correct), self.tool_markers))
+        scored = self.rubric.score(rewards.MathOutcome(rollout.text, rollout.tool_calls_run, bool(correct), self.tool_markers))
+        if self.reward_cfg.format_penalty == "flat" and scored.signals["format_violation"]:
+            return Scored(self.reward_cfg.flat_format_score, scored.signals)
+        return scored
 
     # ---- groups ----------------------------------------------------------------------------
 
@@ -174,6 +177,8 @@ class InlineMathEnv(OPDBaseEnv):
         n = len(details)
         return {
             "accuracy": sum(d["correct"] for d in details) / n,
+            # The inline reference's name for it (there it could exceed 1; here it is a fraction).
+            "train/percent_correct": sum(d["correct"] for d in details) / n,
             "tool_use_rate": sum(d["tool_calls"] > 0 for d in details) / n,
             "tool_calls/mean": sum(d["tool_calls"] for d in details) / n,
             "truncated_rate": sum(d["finish"] in ("max_new_tokens", "context") for d in details) / n,

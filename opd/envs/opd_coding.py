@@ -92,7 +92,7 @@ class OPDCodingEnv(OPDBaseEnv):
             workspace.write_file(coding_prompt.TEST_FILE, task["test_code"])
             rollout = await run_agent(
                 tokenizer=self.tokenizer,
-                messages=coding_prompt.initial_messages(task["task"], self.system_prompt),
+                messages=coding_prompt.initial_messages(task["task"], self.system_prompt, task["test_code"] if self.cfg.show_tests else None),
                 toolbox=Toolbox(workspace_tools.TOOLS, workspace),
                 generate=self.generate,
                 limits=self.limits,
@@ -109,7 +109,11 @@ class OPDCodingEnv(OPDBaseEnv):
         finally:
             workspace.close()
         outcome = rewards.CodingOutcome(tests.level, rollout.turns_used, self.cfg.max_turns, tuple(rollout.tools_used))
-        return rollout, self.rubric.score(outcome), tests.level
+        scored = self.rubric.score(outcome)
+        if self.reward_cfg.clamp is not None:
+            low, high = self.reward_cfg.clamp
+            scored = Scored(min(high, max(low, scored.total)), scored.signals)
+        return rollout, scored, tests.level
 
     # ---- groups ----------------------------------------------------------------------------
 
@@ -159,6 +163,8 @@ class OPDCodingEnv(OPDBaseEnv):
         n = len(details)
         metrics = {
             "accuracy": sum(d["tests"] == "pass" for d in details) / n,
+            # The reference's pass rate: rollouts whose correctness signal is at least 0.8.
+            "train/pass_rate": sum(d["reward_signals"]["correctness"] >= 0.8 for d in details) / n,
             "turns/mean": sum(d["turns"] for d in details) / n,
             "tool_use_rate": sum(bool(d["tools_used"]) for d in details) / n,
         }
@@ -173,7 +179,7 @@ class OPDCodingEnv(OPDBaseEnv):
         """One rollout of a held-out task, no OPD."""
         rollout, scored, tests = await self.rollout(item, temperature)
         transcript = "\n\n".join(f"[{m['role']}] {m['content']}" for m in rollout.messages[2:])
-        return ItemResult(tests == "pass", scored.total, {"turns_mean": float(rollout.turns_used)},
+        return ItemResult(tests == "pass", scored.total, {"turns_mean": float(rollout.turns_used), "pass_rate": float(scored.signals["correctness"] >= 0.8)},
                           prompt=item["task"], response=transcript, turns=rollout.turns_used)
 
     async def close(self) -> None:
@@ -199,9 +205,13 @@ def opd_metrics(group: dict[str, Any]) -> dict[str, float]:
         "opd/pairs_judged": float(len(judged)),
         "opd/judge_failures": float(sum(1 for t in records if not t["votes"] and t["error"])),
         "opd/votes_unparseable": float(sum(v is None for t in records for v in t["votes"])),
-        "opd/hint_rate": len(hinted) / len(judged) if judged else 0.0,
+        # The reference's hint rate: the fraction of rollouts with at least one hint.
+        "opd/hint_rate": sum(any(t["hint"] for t in d["opd_turns"]) for d in group["overrides"]) / n,
+        # Hinted pairs per judged pair (this project's earlier opd/hint_rate).
+        "opd/pair_hint_rate": len(hinted) / len(judged) if judged else 0.0,
         "opd/hints_per_rollout": len(hinted) / n,
         "opd/turns_scored": float(sum(t["scored"] for t in records)),
+        "opd/mean_turns_scored": sum(t["scored"] for t in records) / n,
         "opd/scoring_failures": float(sum(1 for t in hinted if not t["scored"])),
         "opd/teacher_minus_student_lp": statistics.fmean(diffs) if diffs else 0.0,
     }
