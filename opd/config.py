@@ -414,6 +414,7 @@ class JudgeConfig:
     kind: str = MISSING
     votes: int = MISSING
     votes_in_one_request: bool = MISSING
+    retry_votes_alone: bool = MISSING
     max_tokens: int = MISSING
     temperature: float = MISSING
     decision_rule: str = MISSING

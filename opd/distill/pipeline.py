@@ -68,9 +68,10 @@ async def judge_and_score(seq_index: int, pair: TurnPair, turn_ids: list[int], *
         async with semaphore:
             judgement = await judge_pair(pair, chat, judge)
     except Exception as err:
-        record.update(votes=[], decision=None, hint=None, scored=False, error=failures.record("judge", err))
+        record.update(votes=[], votes_failed=judge.votes, decision=None, hint=None, scored=False, error=failures.record("judge", err))
         return JudgedPair(seq_index, pair, record, None)
-    record.update(votes=[v.decision for v in judgement.votes], decision=judgement.decision, hint=judgement.hint, scored=False, error=None)
+    record.update(votes=[v.decision for v in judgement.votes], votes_failed=judgement.failed, decision=judgement.decision, hint=judgement.hint,
+                  scored=False, error=None)
     if judgement.hint is None:
         return JudgedPair(seq_index, pair, record, None)
     try:

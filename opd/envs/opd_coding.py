@@ -69,19 +69,31 @@ class OPDCodingEnv(OPDBaseEnv):
         with self.tracer.span("teacher scoring", "LLM", {"tokens": len(input_ids), "top_k": top_k}):
             return await self.server.score(input_ids, top_k, rows_from)
 
-    async def judge_chat(self, messages: list[dict[str, str]], n: int, max_tokens: int, temperature: float) -> list[str]:
+    async def judge_chat(self, messages: list[dict[str, str]], n: int, max_tokens: int, temperature: float) -> list[str | None]:
+        """`n` vote texts; None for a vote whose request failed. Raises only when every vote failed."""
         # The policy judging itself gets the preset's template arguments (thinking on or off).
         extra = {"chat_template_kwargs": dict(self.chat_format.template_kwargs)} if self.judge_pool is self.server and self.chat_format.template_kwargs else {}
 
-        async def one(count: int) -> list[str]:
+        async def one(count: int) -> list[str | None]:
             with self.tracer.span("judge", "LLM", {"messages": messages, "votes": count}) as span:
                 texts = await self.judge_pool.chat(messages, n=count, max_tokens=max_tokens, temperature=temperature, **extra)
                 span.outputs(texts)
             return texts
 
         if self.judge_cfg.votes_in_one_request:
-            return await one(n)
-        return [text for texts in await asyncio.gather(*(one(1) for _ in range(n))) for text in texts]
+            try:
+                return await one(n)
+            except ServerRequestError:
+                if not self.judge_cfg.retry_votes_alone:
+                    raise
+        # One request per vote: a vote that fails is None (unparseable, as in the reference), unless all do.
+        answers = await asyncio.gather(*(one(1) for _ in range(n)), return_exceptions=True)
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        if len(errors) == n:
+            raise errors[0]
+        for error in errors:
+            self.failures.record("judge vote", error)
+        return [None if isinstance(a, BaseException) else a[0] for a in answers]
 
     # ---- one rollout -----------------------------------------------------------------------
 
@@ -205,6 +217,8 @@ def opd_metrics(group: dict[str, Any]) -> dict[str, float]:
         "opd/pairs_judged": float(len(judged)),
         "opd/judge_failures": float(sum(1 for t in records if not t["votes"] and t["error"])),
         "opd/votes_unparseable": float(sum(v is None for t in records for v in t["votes"])),
+        # Votes whose request failed after the pool's retries (a failed judging counts all its votes).
+        "opd/votes_failed": float(sum(t.get("votes_failed", 0) for t in records)),
         # The reference's hint rate: the fraction of rollouts with at least one hint.
         "opd/hint_rate": sum(any(t["hint"] for t in d["opd_turns"]) for d in group["overrides"]) / n,
         # Hinted pairs per judged pair (this project's earlier opd/hint_rate).
