@@ -117,6 +117,13 @@ def tracer(cfg: Config, tracker: Tracker | None) -> Tracer:
     return Tracer(True, tracker.experiment_id)
 
 
+def drop_equal_scores(cfg: Config) -> bool:
+    """`env.drop_equal_scores`; null: as atroposlib, drop when groups go to an Atropos trainer
+    (its `serve` drops them, its `process` keeps them)."""
+    value = getattr(cfg.env, "drop_equal_scores", None)
+    return value if value is not None else cfg.mode == "serve" or cfg.trainer.kind == "atropos"
+
+
 def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None) -> OPDBaseEnv:
     """The configured environment over `pool` (and `judge`, judge=server's own pool)."""
     from opd.agent.chat_format import ChatFormat
@@ -126,7 +133,7 @@ def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer
     if cfg.env.name == "inline_math":
         from opd.envs.inline_math import InlineMathEnv
 
-        return InlineMathEnv(cfg.env, cfg.reward, **common)
+        return InlineMathEnv(cfg.env, cfg.reward, drop_equal_scores=drop_equal_scores(cfg), **common)
     if cfg.env.name == "opd_coding":
         from opd.envs.opd_coding import OPDCodingEnv
 

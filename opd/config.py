@@ -256,6 +256,7 @@ class InlineMathEnvConfig(EnvConfig):
     problem_suffix: str = MISSING
     tool_instruction: bool = MISSING
     calculator_max_chars: int = MISSING
+    drop_equal_scores: Optional[bool] = MISSING
     sandbox: SandboxConfig = MISSING
 
     def __post_init__(self) -> None:
@@ -510,6 +511,7 @@ class RunnerConfig:
     uvloop: bool = MISSING
     max_attempts_per_item: int = MISSING
     max_failed_groups: int = MISSING
+    max_dropped_groups: Optional[int] = MISSING
     progress: bool = MISSING
     fsync: bool = MISSING
 
@@ -519,6 +521,8 @@ class RunnerConfig:
         _check(self.oversubscribe >= 1, "runner.oversubscribe", ">= 1", self.oversubscribe)
         _at_least("runner.max_attempts_per_item", self.max_attempts_per_item, 1)
         _at_least("runner.max_failed_groups", self.max_failed_groups, 0)
+        if self.max_dropped_groups is not None:
+            _at_least("runner.max_dropped_groups", self.max_dropped_groups, 0)
 
 
 @dataclass

@@ -135,3 +135,22 @@ def test_successes_feed_the_dynamic_pool(make_env) -> None:
     before = len(env.client.prompts[0])
     collect(env)
     assert len(env.client.prompts[2]) > before  # the pool example is now in the prompt
+
+
+RIGHT = ("<think>no tools</think> The answer is \\boxed{5}.<|im_end|>", "stop")
+WRONG = ("<think>no tools</think> The answer is \\boxed{4}.<|im_end|>", "stop")
+
+
+def test_equal_score_groups_are_dropped_where_atroposlib_drops_them(make_env) -> None:
+    """env.drop_equal_scores=null: kept when the run writes data (atroposlib's `process` keeps them),
+    dropped when groups go to an Atropos trainer (its `serve` drops them); true/false force it."""
+    env = make_env([RIGHT, RIGHT], ["group_size=2"])
+    assert env.drop_reason(collect(env)) is None
+    for overrides in (["mode=serve"], ["trainer=atropos"], ["env.drop_equal_scores=true"]):
+        env = make_env([RIGHT, RIGHT], ["group_size=2", *overrides])
+        group = collect(env)
+        assert group["scores"] == [1.0, 1.0] and env.drop_reason(group) == "equal scores", overrides
+    env = make_env([RIGHT, WRONG], ["group_size=2", "env.drop_equal_scores=true"])
+    assert env.drop_reason(collect(env)) is None
+    env = make_env([RIGHT, RIGHT], ["group_size=2", "mode=serve", "env.drop_equal_scores=false"])
+    assert env.drop_reason(collect(env)) is None

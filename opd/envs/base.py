@@ -64,7 +64,7 @@ class OPDBaseEnv(BaseEnv):
 
     def __init__(self, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
                  seed: int, tracer: Tracer, temperature: float, top_p: float, eval_temperature: float, chat_format: ChatFormat,
-                 tools: list[dict[str, Any]]) -> None:
+                 tools: list[dict[str, Any]], drop_equal_scores: bool = False) -> None:
         base_config = BaseEnvConfig(
             tokenizer_name=tokenizer_path,
             group_size=group_size,
@@ -82,6 +82,7 @@ class OPDBaseEnv(BaseEnv):
         self.max_model_len = max_model_len
         self.tracer = tracer
         self.temperature, self.top_p, self.eval_temperature = temperature, top_p, eval_temperature
+        self.drop_equal_scores = drop_equal_scores
         self.rng = random.Random(seed)
         # The model's format; the start-up check stops here, naming what is missing, when the
         # tokenizer or the chat template cannot carry it.
@@ -126,6 +127,15 @@ class OPDBaseEnv(BaseEnv):
 
     async def make_group(self, item: dict[str, Any], roots: list[Any]) -> ScoredDataGroup:
         raise NotImplementedError
+
+    def drop_reason(self, group: dict[str, Any]) -> str | None:
+        """Why the runner should not write `group` (None: write it): with `drop_equal_scores`, a
+        group of more than one rollout whose scores are all equal, as atroposlib's
+        `ensure_scores_are_not_same` drops it."""
+        scores = group["scores"]
+        if self.drop_equal_scores and len(scores) > 1 and len(set(scores)) == 1:
+            return "equal scores"
+        return None
 
     def group_record(self, item: dict[str, Any], sequences: list[Any], scores: list[float], details: list[dict[str, Any]],
                      generation_params: dict[str, Any], messages: list[list[dict[str, Any]]] | None = None,
