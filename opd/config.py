@@ -279,7 +279,7 @@ class OPDConfig:
     hint_placement: str = MISSING
     hint_header: str = MISSING
     max_state_chars: int = MISSING
-    max_response_chars: int = MISSING
+    max_response_chars: Optional[int] = MISSING
     response_cut: str = MISSING
     max_concurrency: int = MISSING
 
@@ -287,7 +287,8 @@ class OPDConfig:
         _at_least("env.opd.topk", self.topk, 1)
         _one_of("env.opd.hint_placement", self.hint_placement, ("last_user", "system", "new_user"))
         _at_least("env.opd.max_state_chars", self.max_state_chars, 1)
-        _at_least("env.opd.max_response_chars", self.max_response_chars, 1)
+        if self.max_response_chars is not None:
+            _at_least("env.opd.max_response_chars", self.max_response_chars, 1)
         _one_of("env.opd.response_cut", self.response_cut, ("tail", "head"))
         _at_least("env.opd.max_concurrency", self.max_concurrency, 1)
 

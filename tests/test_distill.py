@@ -105,6 +105,9 @@ def test_turn_pairs_include_tool_call_only_turns_and_join_all_tool_results() -> 
     (head,) = turn_pairs(rollout, max_state_chars=50, max_response_chars=100, response_cut="head")
     assert tail.response_text.endswith("<tool_call>{}</tool_call>") and tail.response_text.startswith("[...")
     assert head.response_text.startswith("thinking thinking") and "</tool_call>" not in head.response_text
+    # max_response_chars=None: the whole turn, as the reference shows it.
+    (whole,) = turn_pairs(rollout, max_state_chars=50, max_response_chars=None)
+    assert whole.response_text == long_turn
 
 
 def distill_group(rows: list[list[int]], lps: list[list[float]]) -> dict:

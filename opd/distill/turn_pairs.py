@@ -20,16 +20,16 @@ class TurnPair:
     next_state_role: str
 
 
-def _cut(text: str, limit: int, keep: str = "head") -> str:
-    """`text` cut to `limit` characters, keeping its start (`head`) or its end (`tail`)."""
-    if len(text) <= limit:
+def _cut(text: str, limit: int | None, keep: str = "head") -> str:
+    """`text` cut to `limit` characters (None: whole), keeping its start (`head`) or its end (`tail`)."""
+    if limit is None or len(text) <= limit:
         return text
     if keep == "tail":
         return f"[...{len(text) - limit} characters before]\n" + text[-limit:]
     return text[:limit] + f"\n...[truncated at {limit} characters]"
 
 
-def turn_pairs(rollout: AgentRollout, max_state_chars: int, max_response_chars: int, response_cut: str = "tail") -> list[TurnPair]:
+def turn_pairs(rollout: AgentRollout, max_state_chars: int, max_response_chars: int | None, response_cut: str = "tail") -> list[TurnPair]:
     """Pairs for every assistant turn that has a next state (tool-call-only turns included). A
     long turn is shown to the judge by its end (`response_cut=tail`: where a thinking model's
     call is) or its start (`head`); a long next state by its start."""
