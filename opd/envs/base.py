@@ -64,8 +64,10 @@ class OPDBaseEnv(BaseEnv):
 
     def __init__(self, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
                  seed: int, tracer: Tracer, temperature: float, top_p: float, eval_temperature: float, chat_format: ChatFormat,
-                 tools: list[dict[str, Any]], drop_equal_scores: bool = False) -> None:
-        base_config = BaseEnvConfig(
+                 tools: list[dict[str, Any]], drop_equal_scores: bool = False, atropos_config: BaseEnvConfig | None = None) -> None:
+        # atroposlib's own settings: ours (its file writer, wandb and score filter off: the runner
+        # and sinks do that), or, run by atroposlib's serve/process commands (opd.atropos), theirs.
+        base_config = atropos_config or BaseEnvConfig(
             tokenizer_name=tokenizer_path,
             group_size=group_size,
             use_wandb=False,
