@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import ROOT, compose
 from opd.records import MASK, check_group, read_groups
@@ -81,7 +82,8 @@ def test_three_groups_line_up_with_the_server_and_land_in_mlflow(tmp_path, fixtu
     assert {"accuracy", "tool_use_rate", "runner/groups_per_s", "reward/correct", "reward/format_violation"} <= set(run.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "data")} | {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "data/groups.jsonl", "data/groups.html"} <= artifacts
-    assert (tmp_path / "run" / "config.yaml").read_text().startswith("env:")
+    written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())  # the resolved config
+    assert written["env"]["name"] == "inline_math" and written["model"]["name"] == "fixture" and written["total_steps"] == 3
 
 
 def test_evaluate_mode_logs_eval_metrics(tmp_path, fixture_model, vllm_url) -> None:
