@@ -142,8 +142,10 @@ async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: Serv
             await sink.open()
             stack.push_async_callback(lambda s=sink: s.close(status))
         try:
-            limits = RunnerLimits(groups, cfg.runner.max_attempts_per_item, cfg.runner.max_failed_groups)
-            runner = Runner(env, sinks, cfg.total_steps, limits, on_failure=watch.check, progress=cfg.runner.progress, kept=kept)
+            max_dropped = cfg.runner.max_dropped_groups if cfg.runner.max_dropped_groups is not None else 10 * cfg.total_steps
+            limits = RunnerLimits(groups, cfg.runner.max_attempts_per_item, cfg.runner.max_failed_groups, max_dropped)
+            runner = Runner(env, sinks, cfg.total_steps, limits, on_failure=watch.check, progress=cfg.runner.progress, kept=kept,
+                            drop=env.drop_reason)
             stats = await runner.run()
             status = "FINISHED"
             return stats
@@ -168,6 +170,7 @@ def summarize(stats: RunStats, sinks: list[Sink], env: OPDBaseEnv, watch: Server
     summary = {
         "summary/groups_written": float(stats.written),
         "summary/groups_failed": float(stats.failed),
+        "summary/groups_dropped": float(stats.dropped),
         "summary/items_given_up": float(stats.items_given_up),
         "summary/wall_s": stats.elapsed,
         "summary/groups_per_s": stats.groups_per_s,

@@ -22,7 +22,7 @@ LAYERS = [
     ["opd.runner"],
     ["opd.sweep.state", "opd.fixture"],
     ["opd.build"],
-    ["opd.run"],
+    ["opd.run", "opd.atropos"],
     ["opd.sweep.callback"],
     ["opd.bench", "experiments"],
 ]

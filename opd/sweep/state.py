@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 STATE_FILE = "opd_sweep.json"
 # Server settings a job must share with the sweep's server to use it (max_logprobs may be lower).
-_SERVER_KEYS = ("model", "dtype", "max_model_len", "tool_call_parser", "cpu_kv_cache_gib", "enforce_eager", "extra_args", "environment")
+_SERVER_KEYS = ("model", "dtype", "max_model_len", "tool_call_parser", "reasoning_parser", "chat_template", "cpu_kv_cache_gib", "enforce_eager", "extra_args", "environment")
 
 
 @dataclass
