@@ -261,3 +261,25 @@ def test_one_worker_runs_without_ray(tmp_path: Path, scripted_url: str) -> None:
                           env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     _assert_one_valid_file(tmp_path / "run" / "groups.jsonl", 4)
+
+
+@pytest.mark.slow
+def test_a_sweep_with_workers_nests_two_finished_children(tmp_path: Path, scripted_url: str, ray_address: str) -> None:
+    import mlflow
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "token"}
+    env.pop("MLFLOW_RUN_ID", None)
+    cmd = [sys.executable, "-m", "experiments.launch", "-m", *_args(tmp_path, scripted_url, 6), "reward.weights.correct=1.0,0.5",
+           f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and len(children) == 2
+    for child in children:
+        assert child.info.status == "FINISHED" and child.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert child.data.metrics["summary/workers"] == 2 and child.data.metrics["summary/groups_written"] == 6
+    for job in ("0", "1"):
+        _assert_one_valid_file(tmp_path / "sweep" / job / "groups.jsonl", 6)

@@ -75,9 +75,10 @@ def environment(cfg: Any, url: str) -> Any:
     return build.environment(cfg, build.load_data(cfg), model, build.server_pool(cfg, model, [url]), Tracer.off(), build.judge_pool(cfg))
 
 
-async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path) -> dict[str, Any]:
-    """Write `rollouts` / group_size groups through the real runner; wall and CPU time, and when
-    each group was written (`written_at`, monotonic)."""
+async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path, workers: list[Any] | None = None) -> dict[str, Any]:
+    """Write `rollouts` / group_size groups through the real runner (on Ray environment `workers`
+    when given: `opd.distributed`); wall and this process's CPU time, and when each group was
+    written (`written_at`, monotonic)."""
     from opd import build
     from opd.runner import Runner, RunnerLimits
     from opd.sinks.base import Sink, Written
@@ -97,7 +98,12 @@ async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path) -> di
     await file.open()
     cpu0 = time.process_time()
     try:
-        stats = await Runner(env, [file, stamps], rollouts // cfg.group_size, RunnerLimits(groups, 1, 0), progress=False).run()
+        source: Any = env
+        if workers is not None:
+            from opd.distributed.source import WorkerSource
+
+            source = WorkerSource(env, workers)
+        stats = await Runner(source, [file, stamps], rollouts // cfg.group_size, RunnerLimits(groups, 1, 0), progress=False).run()
     finally:
         await file.close("FINISHED")
         await env.close()
