@@ -283,3 +283,90 @@ def test_a_sweep_with_workers_nests_two_finished_children(tmp_path: Path, script
         assert child.data.metrics["summary/workers"] == 2 and child.data.metrics["summary/groups_written"] == 6
     for job in ("0", "1"):
         _assert_one_valid_file(tmp_path / "sweep" / job / "groups.jsonl", 6)
+
+
+def _stub_source(ray, restarts: int, delay_s: float):
+    """Two stub workers behind a WorkerSource (the class is local, so Ray ships it by value)."""
+    from types import SimpleNamespace
+
+    class StubWorker:
+        """An actor with EnvWorker's calls and no environment: a group is a dict after `delay_s`."""
+
+        def __init__(self, delay_s: float) -> None:
+            self.delay_s = delay_s
+
+        async def ping(self) -> int:
+            return os.getpid()
+
+        async def collect(self, item: dict, weight_version: int) -> dict:
+            import asyncio
+
+            await asyncio.sleep(self.delay_s)
+            return {"group_overrides": {"item_id": item["id"], "weight_version": weight_version, "pid": os.getpid()}}
+
+    from opd.distributed.source import Worker, WorkerSource
+
+    actors = [ray.remote(StubWorker).options(num_cpus=0, max_restarts=restarts).remote(delay_s) for _ in range(2)]
+    ray.get([a.ping.remote() for a in actors])
+    return WorkerSource(SimpleNamespace(weight_version=3), [Worker(i, a, 4) for i, a in enumerate(actors)]), actors
+
+
+@pytest.mark.slow
+def test_a_restarted_worker_takes_groups_again_and_none_left_ends_the_run(ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    _join(monkeypatch, ray_address)  # before Ray reads its settings at import
+    import ray
+
+    from opd.distributed.source import WorkersLost
+
+    ray.init(address=ray_address, configure_logging=False, log_to_driver=False)
+    try:
+        source, actors = _stub_source(ray, restarts=1, delay_s=0.5)
+
+        async def run() -> list[dict]:
+            groups = asyncio.gather(*(source.collect_trajectories({"id": i}) for i in range(8)))
+            await asyncio.sleep(0.2)
+            ray.kill(actors[0], no_restart=False)  # dies with its groups in flight; Ray restarts it
+            done = [g for g, _ in await groups]
+            for _ in range(600):  # the probe sees it back
+                if source.restarts:
+                    break
+                await asyncio.sleep(0.1)
+            done += [g for g, _ in await asyncio.gather(*(source.collect_trajectories({"id": i}) for i in range(8, 16)))]
+            return done
+
+        groups = asyncio.run(run())
+        assert sorted(g["group_overrides"]["item_id"] for g in groups) == list(range(16))  # every group, once
+        assert all(g["group_overrides"]["weight_version"] == 3 for g in groups)  # the driver's version travels
+        assert source.groups_lost >= 1 and source.restarts == 1
+        assert source.workers[0].groups > 0 and source.workers[0].up  # back in service after its restart
+
+        source, actors = _stub_source(ray, restarts=0, delay_s=0.5)
+
+        async def all_die() -> None:
+            groups = asyncio.gather(*(source.collect_trajectories({"id": i}) for i in range(4)))
+            await asyncio.sleep(0.2)
+            for actor in actors:
+                ray.kill(actor)
+            await groups
+
+        with pytest.raises(WorkersLost, match="all 2 environment workers died"):
+            asyncio.run(all_die())
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_a_local_trainer_in_the_driver_sees_every_group_and_workers_record_its_versions(tmp_path: Path, scripted_url: str, ray_address: str,
+                                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _join(monkeypatch, ray_address)
+    # No weight refresh: the scripted server has no weights; the trainer steps all the same.
+    _launch(tmp_path, scripted_url, 12, ["trainer=local", "trainer.refresh=false", "trainer.batch_groups=2", "trainer.max_staleness=100"])
+    groups = _assert_one_valid_file(tmp_path / "run" / "groups.jsonl", 12)
+    _, run = _run(tmp_path)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["summary/trainer_steps"] == 6 and run.data.metrics["summary/weight_version"] == 6
+    versions = [g["group_overrides"]["weight_version"] for g in groups]
+    # Groups generated in the workers after a step carry the driver's newer version.
+    assert versions[0] == 0 and max(versions) >= 1
