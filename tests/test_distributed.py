@@ -370,3 +370,15 @@ def test_a_local_trainer_in_the_driver_sees_every_group_and_workers_record_its_v
     versions = [g["group_overrides"]["weight_version"] for g in groups]
     # Groups generated in the workers after a step carry the driver's newer version.
     assert versions[0] == 0 and max(versions) >= 1
+
+
+@pytest.mark.slow
+def test_the_overhead_bench_runs_on_workers_and_counts_their_cpu(ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from experiments.bench import bench_overhead
+
+    _join(monkeypatch, ray_address)
+    (result,) = bench_overhead(1, latencies=(0.05,), limits=(4,), workers=(2,), overrides=("runner.ray.cpus_per_worker=0.5",))
+    assert result["workers"] == 2 and result["rollouts"] == 40
+    assert 0.1 < result["fraction_of_ideal"] <= 1.05 and 0.1 < result["bare_client_fraction_of_ideal"] <= 1.05
+    # The workers generated (their CPU), the driver only checked and wrote (its own).
+    assert result["workers_cpu_ms_per_rollout"] > 0 and result["env_cpu_ms_per_rollout"] > 0

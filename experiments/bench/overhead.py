@@ -58,7 +58,8 @@ def bench_overhead(repeats: int, latencies: tuple[float, ...] = (0.1, 1.0), limi
     request limit (`server.max_requests_in_flight`); the runner sizes the groups in flight itself
     (`runner.groups_in_flight=null`). Reported against the ideal (limit / latency) and against the
     bare client's rate (what the machine allows), for each count of environment processes
-    (`runner.workers`; above 1 on a local Ray cluster, the CPU time is then the driver's alone)."""
+    (`runner.workers`; above 1 on a local Ray cluster, or the one `RAY_ADDRESS` names; the CPU time
+    is then the driver's in `env_cpu_ms_per_rollout` and the workers' in `workers_cpu_ms_per_rollout`)."""
     from opd.event_loop import run_loop
 
     for latency_s in latencies:
@@ -88,6 +89,8 @@ def bench_overhead(repeats: int, latencies: tuple[float, ...] = (0.1, 1.0), limi
                     "fraction_of_ideal": median(ratios), "fraction_of_ideal_runs": [round(x, 3) for x in ratios],
                     "bare_client_fraction_of_ideal": median(ceiling), "fraction_of_bare_client": median(ratios) / median(ceiling),
                     "env_cpu_ms_per_rollout": median([1000 * run["cpu_s"] / run["rollouts"] for run in runs]),
+                    # With workers: the driver's part above, the workers' (all of them) here.
+                    "workers_cpu_ms_per_rollout": median([1000 * run["workers_cpu_s"] / run["rollouts"] for run in runs]),
                     "bare_client_cpu_ms_per_request": median([1000 * b["cpu_s"] / rollouts for b in bare]),
                     "event_loop": "uvloop" if cfg.runner.uvloop else "asyncio",
                 }

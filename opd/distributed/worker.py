@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -59,8 +60,10 @@ class EnvWorker:
         return dict(group)
 
     def stats(self) -> dict[str, float]:
-        """What the summary adds up over workers."""
-        return {"request_errors": float(self.env.server.request_errors), "request_retries": float(self.env.server.retries)}
+        """What the summary adds up over workers, and this process's CPU seconds so far (the
+        overhead bench's cost per rollout in the workers)."""
+        return {"request_errors": float(self.env.server.request_errors), "request_retries": float(self.env.server.retries),
+                "cpu_s": time.process_time()}
 
     async def close(self) -> None:
         await self.env.close()
