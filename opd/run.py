@@ -140,7 +140,7 @@ async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: Serv
     if workers is not None:
         from opd.distributed.source import WorkerSource
 
-        source = WorkerSource(env, workers)
+        source = WorkerSource(env, workers, cfg.runner.ray.startup_timeout_s)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(env.close)
         await watch.check()  # a server that is down at the start: wait (bounded) or fail clearly

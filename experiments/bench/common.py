@@ -108,7 +108,7 @@ async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path, worke
         if workers is not None:
             from opd.distributed.source import WorkerSource
 
-            source = WorkerSource(env, workers)
+            source = WorkerSource(env, workers, cfg.runner.ray.startup_timeout_s)
         stats = await Runner(source, [file, stamps], rollouts // cfg.group_size, RunnerLimits(groups, 1, 0), progress=False).run()
     finally:
         await file.close("FINISHED")

@@ -53,12 +53,15 @@ class Worker:
 class WorkerSource:
     """A `GroupSource` over `workers`; items, metrics and weight versions from `env` (the driver's)."""
 
-    def __init__(self, env: OPDBaseEnv, workers: list[Worker]) -> None:
+    def __init__(self, env: OPDBaseEnv, workers: list[Worker], restart_timeout_s: float = 600.0) -> None:
         import ray
 
         self.ray = ray
         self.env = env
         self.workers = workers
+        # How long a restarting worker may stay unavailable before it counts as gone (a restart
+        # sets its environment up again: runner.ray.startup_timeout_s).
+        self.restart_timeout_s = restart_timeout_s
         self.groups_lost = 0
         self.restarts = 0
         self._changed: asyncio.Event | None = None  # set when a worker comes back or is gone
@@ -124,20 +127,37 @@ class WorkerSource:
             asyncio.get_running_loop().create_task(self._probe(worker))
 
     async def _probe(self, worker: Worker) -> None:
-        """Wait for Ray to restart `worker` (it takes groups again) or to give it up."""
-        from ray.exceptions import RayActorError
+        """Wait for Ray to restart `worker` (it takes groups again) or to give it up. While Ray
+        restarts it, a call fails with ActorUnavailableError: asked again after a pause, until
+        `restart_timeout_s`; any other actor error means it is gone."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
 
-        try:
-            await worker.actor.ping.remote()
-            worker.up = True
-            self.restarts += 1
-            logger.warning("environment worker %d was restarted and takes groups again", worker.index)
-        except RayActorError as err:
-            worker.gone = True
-            logger.warning("environment worker %d is gone for good (%d of %d left): %s", worker.index,
-                           sum(not w.gone for w in self.workers), len(self.workers), str(err).splitlines()[0][:200])
+        deadline = asyncio.get_running_loop().time() + self.restart_timeout_s
+        pause = 0.2
+        while True:
+            try:
+                await worker.actor.ping.remote()
+                worker.up = True
+                self.restarts += 1
+                logger.warning("environment worker %d was restarted and takes groups again", worker.index)
+                break
+            except ActorUnavailableError as err:
+                if asyncio.get_running_loop().time() + pause < deadline:
+                    await asyncio.sleep(pause)
+                    pause = min(2 * pause, 5.0)
+                    continue
+                self._gone(worker, f"still unavailable after {self.restart_timeout_s:.0f} s: {err}")
+                break
+            except RayActorError as err:
+                self._gone(worker, str(err))
+                break
         if self._changed is not None:
             self._changed.set()
+
+    def _gone(self, worker: Worker, why: str) -> None:
+        worker.gone = True
+        logger.warning("environment worker %d is gone for good (%d of %d left): %s", worker.index,
+                       sum(not w.gone for w in self.workers), len(self.workers), why.splitlines()[0][:200])
 
     # ---- the summary ------------------------------------------------------------------------
 
