@@ -215,9 +215,22 @@ def _subprocess_launch(tmp_path: Path, url: str, steps: int, extra: list[str]) -
 
 @pytest.mark.slow
 def test_resume_after_the_driver_is_killed_takes_its_ray_cluster_down(tmp_path: Path, scripted_url: str) -> None:
+    import glob
+    import shutil
+
+    drivers: list[int] = []
+    try:
+        _kill_driver_and_resume(tmp_path, scripted_url, drivers)
+    finally:  # the killed driver could not remove its cluster's folder (Ray names the session by its pid)
+        for session in (s for pid in drivers for s in glob.glob(f"/tmp/opd-ray-*/session_*_{pid}")):
+            shutil.rmtree(Path(session).parent, ignore_errors=True)
+
+
+def _kill_driver_and_resume(tmp_path: Path, scripted_url: str, drivers: list[int]) -> None:
     groups_path = tmp_path / "run" / "groups.jsonl"
     # Slow groups (many tool-free rollouts at 50 ms, 4 slots) so the kill lands mid-run.
     proc = _subprocess_launch(tmp_path, scripted_url, 24, ["server.max_requests_in_flight=4", "runner.ray.max_restarts=0"])
+    drivers.append(proc.pid)
     deadline = time.monotonic() + 600
     while _lines(groups_path) < 3:
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()[-3000:]
