@@ -26,9 +26,11 @@ register()
 def launch(cfg: DictConfig) -> float:
     """Run one experiment from a composed config; return its objective."""
     from opd.run import run_experiment
+    from opd.sweep.slurm import stopped_by_slurm
     from opd.sweep.state import current_job
 
-    return run_experiment(validate(cfg), current_job())
+    with stopped_by_slurm():
+        return run_experiment(validate(cfg), current_job())
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

@@ -114,22 +114,47 @@ def tracer(cfg: Config, tracker: Tracker | None) -> Tracer:
     if rollouts > cfg.tracking.traces_max_rollouts:
         logger.warning("tracking.traces: off, this run makes %d rollouts > tracking.traces_max_rollouts=%d", rollouts, cfg.tracking.traces_max_rollouts)
         return Tracer.off()
-    return Tracer(True, tracker.experiment_id)
+    return Tracer(True, tracker.for_traces())
+
+
+def drop_equal_scores(cfg: Config) -> bool:
+    """`env.drop_equal_scores`; null: as atroposlib, drop when groups go to an Atropos trainer
+    (its `serve` drops them, its `process` keeps them)."""
+    value = getattr(cfg.env, "drop_equal_scores", None)
+    return value if value is not None else cfg.mode == "serve" or cfg.trainer.kind == "atropos"
+
+
+def environment_arguments(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None) -> tuple[tuple, dict[str, Any]]:
+    """The configured environment's constructor arguments (args, kwargs), over `pool` (and
+    `judge`, judge=server's own pool)."""
+    from opd.agent.chat_format import ChatFormat
+
+    common = {"data": data, "pool": pool, "tokenizer_path": model, "group_size": cfg.group_size,
+              "max_model_len": cfg.server.max_model_len, "seed": cfg.seed, "tracer": tracer, "chat_format": ChatFormat.from_config(cfg.model)}
+    if cfg.env.name == "inline_math":
+        return (cfg.env, cfg.reward), {"drop_equal_scores": drop_equal_scores(cfg), **common}
+    if cfg.env.name == "opd_coding":
+        return (cfg.env, cfg.reward, cfg.judge), {"judge_pool": judge, **common}
+    raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}", "env.name")
+
+
+def environment_class(name: str) -> type[OPDBaseEnv]:
+    """The environment class of `env.name`."""
+    if name == "inline_math":
+        from opd.envs.inline_math import InlineMathEnv
+
+        return InlineMathEnv
+    if name == "opd_coding":
+        from opd.envs.opd_coding import OPDCodingEnv
+
+        return OPDCodingEnv
+    raise ConfigError(f"env.name: unknown environment {name!r}", "env.name")
 
 
 def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None) -> OPDBaseEnv:
     """The configured environment over `pool` (and `judge`, judge=server's own pool)."""
-    common = {"data": data, "pool": pool, "tokenizer_path": model, "group_size": cfg.group_size,
-              "max_model_len": cfg.server.max_model_len, "seed": cfg.seed, "tracer": tracer}
-    if cfg.env.name == "inline_math":
-        from opd.envs.inline_math import InlineMathEnv
-
-        return InlineMathEnv(cfg.env, cfg.reward, **common)
-    if cfg.env.name == "opd_coding":
-        from opd.envs.opd_coding import OPDCodingEnv
-
-        return OPDCodingEnv(cfg.env, cfg.reward, cfg.judge, judge_pool=judge, **common)
-    raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}", "env.name")
+    args, kwargs = environment_arguments(cfg, data, model, pool, tracer, judge)
+    return environment_class(cfg.env.name)(*args, **kwargs)
 
 
 def evaluator(cfg: Config, env: OPDBaseEnv, concurrency: int, tracker: Tracker | None) -> Any:

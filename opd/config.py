@@ -46,6 +46,64 @@ def _fraction(key: str, value: float) -> None:
     _check(0 <= value <= 1, key, "in [0, 1]", value)
 
 
+# ---- the model preset (conf/model/) -----------------------------------------------------------
+
+
+@dataclass
+class ModelInlineMath:
+    """model.inline_math: budgets and sampling of env=inline_math with this model."""
+
+    max_model_len: int = MISSING
+    max_tool_calls: int = MISSING
+    max_tokens_per_segment: int = MISSING
+    max_new_tokens: int = MISSING
+    temperature: float = MISSING
+    tool_instruction: bool = MISSING
+
+
+@dataclass
+class ModelCoding:
+    """model.opd_coding: budgets and sampling of env=opd_coding with this model."""
+
+    max_model_len: int = MISSING
+    max_turns: int = MISSING
+    max_tokens_per_turn: int = MISSING
+    temperature: float = MISSING
+    judge_max_tokens: int = MISSING
+    show_tests: bool = MISSING
+
+
+@dataclass
+class ModelConfig:
+    """model=<preset>: the model family's formats and budgets (conf/model/fixture.yaml documents
+    each field). The envs, the server and the judge read their defaults from here."""
+
+    name: str = MISSING
+    path: str = MISSING
+    dtype: str = MISSING
+    tool_call_parser: str = MISSING
+    reasoning_parser: Optional[str] = MISSING
+    tool_call_start: str = MISSING
+    tool_call_end: str = MISSING
+    call_template: str = MISSING
+    tool_response_template: str = MISSING
+    required_tokens: list[str] = MISSING
+    chat_template: Optional[str] = MISSING
+    chat_template_kwargs: dict[str, Any] = MISSING
+    inline_math: ModelInlineMath = MISSING
+    opd_coding: ModelCoding = MISSING
+
+    def __post_init__(self) -> None:
+        _check(bool(self.tool_call_parser), "model.tool_call_parser", "a vLLM --tool-call-parser name", self.tool_call_parser)
+        _check(bool(self.tool_call_start) and bool(self.tool_call_end), "model.tool_call_start/tool_call_end", "non-empty markers",
+               (self.tool_call_start, self.tool_call_end))
+        for key in ("$name", "$arguments"):
+            _check(key in self.call_template, "model.call_template", f"a template with {key}", self.call_template)
+        _check("$result" in self.tool_response_template, "model.tool_response_template", "a template with $result", self.tool_response_template)
+        for env in ("inline_math", "opd_coding"):
+            _at_least(f"model.{env}.max_model_len", getattr(self, env).max_model_len, 16)
+
+
 # ---- inference servers (conf/server/) -------------------------------------------------------
 
 
@@ -79,6 +137,8 @@ class LocalServerConfig(ServerConfig):
 
     dtype: str = MISSING
     tool_call_parser: Optional[str] = MISSING
+    reasoning_parser: Optional[str] = MISSING
+    chat_template: Optional[str] = MISSING
     cpu_kv_cache_gib: int = MISSING
     enforce_eager: bool = MISSING
     startup_timeout_s: float = MISSING
@@ -129,6 +189,7 @@ class DatasetConfig:
     eval_size: int = MISSING
     split_seed: int = MISSING
     builtin_size: int = MISSING
+    kinds: Optional[list[str]] = MISSING
 
     def __post_init__(self) -> None:
         _one_of("dataset.source", self.source, ("builtin", "local", "hub", "humaneval"))
@@ -138,6 +199,8 @@ class DatasetConfig:
             _at_least("dataset.max_rows", self.max_rows, 1)
         _at_least("dataset.eval_size", self.eval_size, 0)
         _at_least("dataset.builtin_size", self.builtin_size, 2)
+        if self.kinds is not None:
+            _check(len(self.kinds) > 0, "dataset.kinds", "name at least one kind, or null for all", self.kinds)
 
 
 # ---- environments (conf/env/, conf/sandbox/) -------------------------------------------------
@@ -194,7 +257,9 @@ class InlineMathEnvConfig(EnvConfig):
     dynamic_pool_size: int = MISSING
     dynamic_shots: int = MISSING
     problem_suffix: str = MISSING
+    tool_instruction: bool = MISSING
     calculator_max_chars: int = MISSING
+    drop_equal_scores: Optional[bool] = MISSING
     sandbox: SandboxConfig = MISSING
 
     def __post_init__(self) -> None:
@@ -215,15 +280,19 @@ class OPDConfig:
     enabled: bool = MISSING
     topk: int = MISSING
     hint_placement: str = MISSING
+    hint_header: str = MISSING
     max_state_chars: int = MISSING
-    max_response_chars: int = MISSING
+    max_response_chars: Optional[int] = MISSING
+    response_cut: str = MISSING
     max_concurrency: int = MISSING
 
     def __post_init__(self) -> None:
         _at_least("env.opd.topk", self.topk, 1)
         _one_of("env.opd.hint_placement", self.hint_placement, ("last_user", "system", "new_user"))
         _at_least("env.opd.max_state_chars", self.max_state_chars, 1)
-        _at_least("env.opd.max_response_chars", self.max_response_chars, 1)
+        if self.max_response_chars is not None:
+            _at_least("env.opd.max_response_chars", self.max_response_chars, 1)
+        _one_of("env.opd.response_cut", self.response_cut, ("tail", "head"))
         _at_least("env.opd.max_concurrency", self.max_concurrency, 1)
 
 
@@ -234,6 +303,7 @@ class OPDCodingEnvConfig(EnvConfig):
     max_turns: int = MISSING
     max_tokens_per_turn: int = MISSING
     system_prompt: Optional[str] = MISSING
+    show_tests: bool = MISSING
     max_file_chars: int = MISSING
     sandbox: SandboxConfig = MISSING
     opd: OPDConfig = MISSING
@@ -263,6 +333,8 @@ class InlineMathRewardConfig:
     """reward=inline_math (conf/reward/inline_math.yaml)."""
 
     weights: InlineMathWeights = MISSING
+    format_penalty: str = MISSING
+    flat_format_score: float = MISSING
     max_answer_chars: int = MISSING
     verify_timeout_s: float = MISSING
     verify_workers: int = MISSING
@@ -271,6 +343,7 @@ class InlineMathRewardConfig:
         _check(self.weights.correct > self.weights.incorrect, "reward.weights.correct", "> reward.weights.incorrect", self.weights.correct)
         _at_least("reward.weights.tool_use", self.weights.tool_use, 0)
         _check(self.weights.format_violation <= 0, "reward.weights.format_violation", "<= 0", self.weights.format_violation)
+        _one_of("reward.format_penalty", self.format_penalty, ("flat", "additive"))
         _at_least("reward.max_answer_chars", self.max_answer_chars, 1)
         _at_least("reward.verify_timeout_s", self.verify_timeout_s, 0.1)
         _at_least("reward.verify_workers", self.verify_workers, 1)
@@ -317,8 +390,11 @@ class OPDCodingRewardConfig:
     tool_usage: ToolUsage = MISSING
     tests_timeout_s: float = MISSING
     max_solution_chars: int = MISSING
+    clamp: Optional[list[float]] = MISSING
 
     def __post_init__(self) -> None:
+        if self.clamp is not None:
+            _check(len(self.clamp) == 2 and self.clamp[0] <= self.clamp[1], "reward.clamp", "[low, high] with low <= high, or null", self.clamp)
         for name in ("correctness", "efficiency", "tool_usage"):
             _at_least(f"reward.weights.{name}", getattr(self.weights, name), 0)
         for name in ("passed", "assertion", "crash", "nothing_written"):
@@ -343,6 +419,7 @@ class JudgeConfig:
     kind: str = MISSING
     votes: int = MISSING
     votes_in_one_request: bool = MISSING
+    retry_votes_alone: bool = MISSING
     max_tokens: int = MISSING
     temperature: float = MISSING
     decision_rule: str = MISSING
@@ -383,7 +460,7 @@ class TrackingConfig:
 
     enabled: bool = MISSING
     uri: str = MISSING
-    artifact_root: str = MISSING
+    artifact_root: Optional[str] = MISSING
     experiment: str = MISSING
     run_name: Optional[str] = MISSING
     max_param_chars: int = MISSING
@@ -458,6 +535,7 @@ class RunnerConfig:
     uvloop: bool = MISSING
     max_attempts_per_item: int = MISSING
     max_failed_groups: int = MISSING
+    max_dropped_groups: Optional[int] = MISSING
     progress: bool = MISSING
     fsync: bool = MISSING
     workers: int = MISSING
@@ -470,6 +548,8 @@ class RunnerConfig:
         _check(self.oversubscribe >= 1, "runner.oversubscribe", ">= 1", self.oversubscribe)
         _at_least("runner.max_attempts_per_item", self.max_attempts_per_item, 1)
         _at_least("runner.max_failed_groups", self.max_failed_groups, 0)
+        if self.max_dropped_groups is not None:
+            _at_least("runner.max_dropped_groups", self.max_dropped_groups, 0)
 
 
 @dataclass
@@ -546,6 +626,7 @@ class EvalConfig:
 class Config:
     """The root (conf/config.yaml); the groups' schemas come from the chosen options."""
 
+    model: ModelConfig = MISSING
     env: Any = MISSING
     dataset: DatasetConfig = MISSING
     reward: Any = MISSING
@@ -590,6 +671,7 @@ class Config:
 
 _SCHEMAS = {
     None: {"config_schema": Config},
+    "model": {"model_schema": ModelConfig},
     "env": {"inline_math_schema": InlineMathEnvConfig, "opd_coding_schema": OPDCodingEnvConfig},
     "reward": {"inline_math_schema": InlineMathRewardConfig, "opd_coding_schema": OPDCodingRewardConfig},
     "server": {"local_schema": LocalServerConfig, "vllm_schema": RemoteServerConfig},

@@ -29,7 +29,7 @@ from opd.runner import Runner, RunnerLimits, RunStats
 from opd.serving.watch import ServerWatch
 from opd.sinks.base import Sink
 from opd.sweep.state import SweepJob, run_name, shared_server_for
-from opd.tracking.run import RunInfo, Tracker, dataset_source, open_run, previous_run_id
+from opd.tracking.run import DatasetRef, RunInfo, Tracker, open_run, previous_run_id
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +72,11 @@ def run_info(cfg: Config, job: SweepJob | None, data: TaskSet) -> RunInfo:
         raise RuntimeError(f"tracking is on but the sweep in {job.state.sweep_dir} has no MLflow parent run (was tracking off for the sweep?)")
     tags = {"env": cfg.env.name, "mode": cfg.mode, "model": cfg.server.model, "server": cfg.server.kind, "dataset": cfg.dataset.name}
     if job is not None:
-        tags.update({"opd.sweep_dir": job.state.sweep_dir, "opd.swept": ",".join(job.swept)})
+        tags.update(job.tags())
     dataset = None
     if cfg.tracking.log_input:
         d, evaluating = cfg.dataset, cfg.mode == "evaluate"
-        source = dataset_source(d.source, d.path, d.subset, d.split, data.source)
-        dataset = (d.name, source, data.eval if evaluating else data.train, "eval" if evaluating else "train")
+        dataset = (d.name, DatasetRef(d.source, d.path, d.subset, d.split, data.source), data.eval if evaluating else data.train, "eval" if evaluating else "train")
     return RunInfo(
         name=cfg.tracking.run_name or (run_name(job.swept) if job else None),
         parent_run_id=job.state.parent_run_id if job else None,
@@ -97,12 +96,16 @@ def run_experiment(cfg: Config, job: SweepJob | None = None) -> float:
     data = build.load_data(cfg)
     model = build.resolve_model(cfg.server.model)
     with ExitStack() as stack:
+        shared = shared_server_for(job.state if job else None, cfg.server) if cfg.server.kind == "local" else None
         tracker = None
         if cfg.tracking.enabled:
-            tracker = stack.enter_context(open_run(cfg.tracking, out, resolved, yaml_text, run_info(cfg, job, data), resumed.run_id, len(resumed.groups)))
+            # MLflow works in a thread of its own: at once while a server starts here, else once
+            # the first requests are sent (begin() below), so that it never delays them.
+            starts_server = cfg.server.kind == "local" and not shared
+            tracker = stack.enter_context(open_run(cfg.tracking, out, resolved, yaml_text, run_info(cfg, job, data), resumed.run_id,
+                                                   len(resumed.groups), begin=starts_server))
         tracer = build.tracer(cfg, tracker)
         stack.callback(tracer.flush)
-        shared = shared_server_for(job.state if job else None, cfg.server) if cfg.server.kind == "local" else None
         urls, watch = stack.enter_context(build.inference_servers(cfg, model, out / "vllm", shared=shared))
         env = build.environment(cfg, data, model, build.server_pool(cfg, model, urls), tracer, build.judge_pool(cfg))
         groups = build.groups_in_flight(cfg, len(urls))
@@ -110,6 +113,8 @@ def run_experiment(cfg: Config, job: SweepJob | None = None) -> float:
         if tracker is not None:
             tracker.set_tags({"opd.groups_in_flight": str(groups)})
         concurrency = groups * cfg.group_size
+        if tracker is not None:
+            tracker.begin()
         if cfg.mode == "evaluate":
             summary, history = run_loop(_evaluate(env, watch, build.evaluator(cfg, env, concurrency, tracker)), cfg.runner.uvloop), {}
         else:
@@ -149,8 +154,10 @@ async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: Serv
             await sink.open()
             stack.push_async_callback(lambda s=sink: s.close(status))
         try:
-            limits = RunnerLimits(groups, cfg.runner.max_attempts_per_item, cfg.runner.max_failed_groups)
-            runner = Runner(source, sinks, cfg.total_steps, limits, on_failure=watch.check, progress=cfg.runner.progress, kept=kept)
+            max_dropped = cfg.runner.max_dropped_groups if cfg.runner.max_dropped_groups is not None else 10 * cfg.total_steps
+            limits = RunnerLimits(groups, cfg.runner.max_attempts_per_item, cfg.runner.max_failed_groups, max_dropped)
+            runner = Runner(source, sinks, cfg.total_steps, limits, on_failure=watch.check, progress=cfg.runner.progress, kept=kept,
+                            drop=env.drop_reason)
             stats = await runner.run()
             status = "FINISHED"
             return stats, (await source.summary() if workers is not None else {})
@@ -175,6 +182,7 @@ def summarize(stats: RunStats, sinks: list[Sink], env: OPDBaseEnv, watch: Server
     summary = {
         "summary/groups_written": float(stats.written),
         "summary/groups_failed": float(stats.failed),
+        "summary/groups_dropped": float(stats.dropped),
         "summary/items_given_up": float(stats.items_given_up),
         "summary/wall_s": stats.elapsed,
         "summary/groups_per_s": stats.groups_per_s,

@@ -9,6 +9,9 @@
   then the item is given up. The run goes on.
 - Only written groups count towards `total_steps`; more than `max_failed_groups` failures end
   the run with an error instead of looping forever.
+- A valid group that `drop` names a reason for (e.g. every rollout scored the same, which
+  atroposlib drops before a trainer sees it) is counted, not written and not retried; more than
+  `max_dropped_groups` drops end the run with an error too.
 - Each accepted group goes to every sink in order (the JSONL file first) with its metrics.
 - After a failure `on_failure` may check the inference server (opd.serving.watch) before more
   groups start.
@@ -44,11 +47,17 @@ class TooManyFailures(RuntimeError):
     """More groups failed than `runner.max_failed_groups` allows."""
 
 
+class TooManyDropped(RuntimeError):
+    """More groups were dropped than `runner.max_dropped_groups` allows."""
+
+
 @dataclass
 class RunStats:
     written: int = 0
     failed: int = 0
     items_given_up: int = 0
+    dropped: int = 0  # valid groups not written (`drop` gave a reason)
+    drop_reasons: dict[str, int] = field(default_factory=dict)
     resumed: int = 0  # groups kept from a killed run
     started: float = field(default_factory=time.monotonic)
     failure_causes: dict[str, int] = field(default_factory=dict)
@@ -80,6 +89,7 @@ class RunnerLimits:
     groups_in_flight: int
     max_attempts_per_item: int
     max_failed_groups: int
+    max_dropped_groups: int | None = None  # None: no limit
 
 
 class Runner:
@@ -87,9 +97,10 @@ class Runner:
 
     def __init__(self, env: GroupSource, sinks: list[Sink], total_steps: int, limits: RunnerLimits, *,
                  on_failure: Callable[[BaseException], Awaitable[None]] | None = None, progress: bool = True,
-                 kept: list[dict[str, Any]] | None = None) -> None:
+                 kept: list[dict[str, Any]] | None = None, drop: Callable[[dict[str, Any]], str | None] | None = None) -> None:
         self.env, self.sinks, self.total_steps, self.limits = env, sinks, total_steps, limits
         self.on_failure = on_failure
+        self.drop = drop
         self.stats = RunStats()
         kept = kept or []
         self.stats.written = self.stats.resumed = len(kept)
@@ -140,6 +151,8 @@ class Runner:
             err = ValueError("invalid group: " + "; ".join(check_group(group)[:3]))
         if err is not None:
             await self._failed(item, tries, err)
+        elif self.drop is not None and (reason := self.drop(group)) is not None:
+            self._dropped(item, reason)
         elif self.stats.written < self.total_steps:
             await self._write(group)
 
@@ -149,6 +162,7 @@ class Runner:
             **self.env.group_metrics(group),
             "runner/groups_written": float(self.stats.written),
             "runner/groups_failed": float(self.stats.failed),
+            "runner/groups_dropped": float(self.stats.dropped),
             "runner/groups_per_s": self.stats.groups_per_s,
         }
         self.stats.record(metrics)
@@ -157,6 +171,19 @@ class Runner:
             await sink.write(written)
         self.bar.update(1)
         self.bar.set_postfix(failed=self.stats.failed, groups_per_s=f"{self.stats.groups_per_s:.2f}")
+
+    def _dropped(self, item: Any, reason: str) -> None:
+        stats = self.stats
+        stats.dropped += 1
+        if reason not in stats.drop_reasons:
+            logger.info("group for item %s dropped (%s); later drops for this reason are only counted (runner/groups_dropped)",
+                        item.get("id", "?") if isinstance(item, dict) else item, reason)
+        stats.drop_reasons[reason] = stats.drop_reasons.get(reason, 0) + 1
+        self.bar.set_postfix(failed=stats.failed, dropped=stats.dropped)
+        limit = self.limits.max_dropped_groups
+        if limit is not None and stats.dropped > limit:
+            raise TooManyDropped(f"{stats.dropped} groups dropped, {stats.written} written (runner.max_dropped_groups={limit}); "
+                                 f"reasons: {stats.drop_reasons}")
 
     async def _failed(self, item: Any, tries: int, err: BaseException) -> None:
         stats = self.stats

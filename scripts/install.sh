@@ -15,7 +15,8 @@ case "$inference" in
   *) echo "OPD_INFERENCE must be cpu or gpu, not '$inference'" >&2; exit 2 ;;
 esac
 # Debian packages: bubblewrap is the jail of model-written code (opd/tools/sandbox.py); chromium
-# renders the records viewer in its tests (tests/test_viewer.py). Installed with apt as root.
+# renders the records viewer in its tests (tests/test_viewer.py); slurmctld, slurmd and munge run
+# the single-node Slurm cluster of tests/test_slurm.py (hydra/launcher=slurm). Installed with apt as root.
 need_apt() {  # need_apt COMMAND PACKAGE ADVICE: install PACKAGE unless COMMAND is already there
   command -v "$1" >/dev/null 2>&1 && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -28,6 +29,9 @@ need_apt() {  # need_apt COMMAND PACKAGE ADVICE: install PACKAGE unless COMMAND 
 }
 need_apt bwrap bubblewrap "install it, or run with env.sandbox.backend=unshare (weaker)"
 need_apt chromium chromium "install it to run the viewer's browser tests (skipped without it)"
+need_apt slurmctld slurmctld "install it to run the Slurm sweep tests (skipped without it)"
+need_apt slurmd slurmd "install it to run the Slurm sweep tests (skipped without it)"
+need_apt munged munge "install it to run the Slurm sweep tests (skipped without it)"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$venv/.opd-installed-$inference-$(cat pyproject.toml scripts/install.sh locks/uv.txt "$lock" | sha256sum | cut -c1-16)"

@@ -115,3 +115,36 @@ def test_a_short_closed_loop_trains_refreshes_and_evaluates_in_one_run(tmp_path,
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"final_weights", "eval"} <= artifacts
     assert "model.safetensors" in {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "final_weights")}
+
+
+def test_a_closed_loop_starts_from_its_checkpoint_whatever_the_server_holds(tmp_path, fixture_model, vllm_url, restores_the_fixture_weights) -> None:
+    # A sweep's shared server keeps the previous job's trained weights; the next job's trainer
+    # puts the checkpoint back before anything is generated or evaluated.
+    from opd.serving.vllm_client import VLLMClient
+    from opd.sinks.trainer import TrainerSink
+    from opd.train.refresh import refresh
+    from opd.train.trainer import LocalTrainer
+    from transformers import AutoTokenizer
+
+    cfg = validate(compose(["trainer=local"])).trainer
+    other = LocalTrainer(cfg, fixture_model)
+    with torch.no_grad():
+        other.model.model.layers[0].mlp.down_proj.weight.mul_(3.0)
+    prompt = AutoTokenizer.from_pretrained(fixture_model).encode("<|im_start|>user\nHow many digits has 4096?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+
+    async def served() -> list[float]:
+        client = VLLMClient(vllm_url, fixture_model, timeout_s=60)
+        try:
+            return (await client.score(prompt, 1)).token_logprobs[1:]
+        finally:
+            await client.close()
+
+    def distance(a: list[float], b: list[float]) -> float:
+        return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
+
+    checkpoint = asyncio.run(served())
+    asyncio.run(refresh([vllm_url], other.save(tmp_path / "other")))
+    assert distance(asyncio.run(served()), checkpoint) > 0.05
+    sink = TrainerSink(cfg, env=None, model_dir=fixture_model, base_urls=[vllm_url], out_dir=tmp_path / "run", tracker=None)
+    asyncio.run(sink.open())
+    assert distance(asyncio.run(served()), checkpoint) < 0.02

@@ -242,3 +242,36 @@ def test_bad_runs_fail_with_one_clear_message_before_any_server_starts(tmp_path,
     assert message in text
     assert time.monotonic() - started < 30
     assert not (tmp_path / "run" / "vllm").exists()  # no server was started
+
+
+PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("env", ["inline_math", "opd_coding"])
+def test_every_model_preset_composes_with_both_envs_and_both_servers(preset: str, env: str) -> None:
+    cfg = validate(compose([f"model={preset}", f"env={env}", "server.model=/models/mine"]))
+    budgets = getattr(cfg.model, env)
+    assert cfg.server.model == "/models/mine" and cfg.server.max_model_len == budgets.max_model_len
+    assert cfg.server.tool_call_parser == cfg.model.tool_call_parser and cfg.server.reasoning_parser == cfg.model.reasoning_parser
+    assert cfg.env.temperature == budgets.temperature
+    if env == "opd_coding":
+        assert (cfg.env.max_turns, cfg.env.max_tokens_per_turn, cfg.judge.max_tokens) == (budgets.max_turns, budgets.max_tokens_per_turn, budgets.judge_max_tokens)
+    else:
+        assert (cfg.env.max_tool_calls, cfg.env.max_new_tokens, cfg.env.max_tokens_per_segment) == (budgets.max_tool_calls, budgets.max_new_tokens, budgets.max_tokens_per_segment)
+    remote = validate(compose([f"model={preset}", f"env={env}", "server=vllm", "server.model=m", "server.base_urls=[http://h:8000/v1]"]))
+    assert remote.server.max_model_len == budgets.max_model_len
+
+
+def test_fixture_keeps_todays_budgets_and_real_presets_take_the_references() -> None:
+    fixture = validate(compose(["env=inline_math"]))
+    assert fixture.model.name == "fixture" and fixture.server.model == "fixture" and fixture.server.max_model_len == 4096
+    assert (fixture.env.max_new_tokens, fixture.env.max_tokens_per_segment, fixture.env.temperature) == (512, 256, 1.0)
+    coding = validate(compose(["env=opd_coding"]))
+    assert (coding.env.max_turns, coding.env.max_tokens_per_turn, coding.judge.max_tokens) == (15, 512, 1024)
+    qwen = validate(compose(["model=qwen3", "env=inline_math", "server.model=/m"]))
+    # The inline reference: 3 tool segments x 512 new tokens, 8,192 context, temperature 0.8.
+    assert (qwen.env.max_tool_calls, qwen.env.max_tokens_per_segment, qwen.server.max_model_len, qwen.env.temperature) == (3, 512, 8192, 0.8)
+    assert qwen.model.chat_template_kwargs == {"enable_thinking": True} and qwen.server.reasoning_parser == "qwen3"
+    # An env key still overrides the preset's value.
+    assert validate(compose(["model=qwen3", "env=inline_math", "env.max_new_tokens=99"])).env.max_new_tokens == 99

@@ -9,6 +9,7 @@ import pytest
 from conftest import compose
 from opd.config import ConfigError, validate
 from opd.data import math_builtin
+from opd.data.coding_sets import load_coding
 from opd.data.math_sets import load_math
 
 
@@ -23,6 +24,29 @@ def test_builtin_set_is_deterministic_with_a_disjoint_held_out_split() -> None:
     assert not {r["id"] for r in first.train} & {r["id"] for r in first.eval}
     for problem in math_builtin.generate(50):
         assert str(eval(problem["expression"], {"sum": sum, "range": range})) == problem["answer"]  # noqa: S307 - our own generator's text
+
+
+def test_kinds_select_the_builtin_generators_and_filter_any_set_with_kinds() -> None:
+    data = load_math(dataset_cfg(["dataset.kinds=[digit_count,parity]"]))
+    assert (len(data.train), len(data.eval)) == (360, 40) and data.source == "builtin:400:digit_count+parity"
+    assert {r["kind"] for r in data.train + data.eval} == {"digit_count", "parity"}
+    coding = load_coding(dataset_cfg(["env=opd_coding", "dataset.kinds=[reference]", "dataset.eval_size=1"]))
+    assert {t["kind"] for t in coding.train + coding.eval} == {"reference"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["dataset.kinds=[digit_count,cube]"], "problem kinds ['cube'] are not the generator's"),
+        (["dataset.kinds=[parity]", "dataset.builtin_size=2000"], "only 990 distinct problems of kinds ['parity'], 2000 asked for"),
+        (["env=opd_coding", "dataset.kinds=[parity]"], "dataset.kinds: ['parity'] not in"),
+    ],
+)
+def test_bad_kinds_fail_with_the_key_named(overrides: list[str], message: str) -> None:
+    cfg = dataset_cfg(overrides)
+    with pytest.raises(ConfigError) as info:
+        (load_coding if "env=opd_coding" in overrides else load_math)(cfg)
+    assert message in str(info.value) and info.value.key == "dataset.kinds"
 
 
 def test_local_jsonl_with_field_mapping_skips_and_counts_bad_rows(tmp_path) -> None:

@@ -78,9 +78,10 @@ def test_longest_positive_hint_over_the_minimum_wins() -> None:
 
 def test_hint_placement() -> None:
     context = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}, {"role": "tool", "content": "T"}]
-    assert with_hint(context, "H", "last_user")[1]["content"] == "U\n\n[hint]\nH"
-    assert with_hint(context, "H", "system")[0]["content"] == "S\n\n[hint]\nH"
-    assert with_hint(context, "H", "new_user")[-1] == {"role": "user", "content": "[hint]\nH"}
+    # The reference's header by default; another one is a config value away (env.opd.hint_header).
+    assert with_hint(context, "H", "last_user")[1]["content"] == "U\n\n[user's hint / instruction]\nH"
+    assert with_hint(context, "H", "system", "[hint]")[0]["content"] == "S\n\n[hint]\nH"
+    assert with_hint(context, "H", "new_user")[-1] == {"role": "user", "content": "[user's hint / instruction]\nH"}
     assert context[1]["content"] == "U"  # the original is not modified
 
 
@@ -97,6 +98,16 @@ def test_turn_pairs_include_tool_call_only_turns_and_join_all_tool_results() -> 
     pair = pairs[0]
     assert pair.span == TurnSpan(2, 5, 2) and pair.context == messages[:2] and pair.next_state_role == "tool"
     assert pair.next_state_text.startswith("ra\n---\nrbrb") and "truncated at 50" in pair.next_state_text
+    # A long turn: the judge reads its end (the call), or its start with response_cut=head.
+    long_turn = "thinking " * 200 + "<tool_call>{}</tool_call>"
+    rollout.messages[2] = {"role": "assistant", "content": long_turn}
+    (tail,) = turn_pairs(rollout, max_state_chars=50, max_response_chars=100)
+    (head,) = turn_pairs(rollout, max_state_chars=50, max_response_chars=100, response_cut="head")
+    assert tail.response_text.endswith("<tool_call>{}</tool_call>") and tail.response_text.startswith("[...")
+    assert head.response_text.startswith("thinking thinking") and "</tool_call>" not in head.response_text
+    # max_response_chars=None: the whole turn, as the reference shows it.
+    (whole,) = turn_pairs(rollout, max_state_chars=50, max_response_chars=None)
+    assert whole.response_text == long_turn
 
 
 def distill_group(rows: list[list[int]], lps: list[list[float]]) -> dict:

@@ -102,19 +102,22 @@ def test_tool_call_limit_is_enforced(make_env, tokenizer) -> None:
 
 
 @pytest.mark.parametrize(
-    ("reply", "score", "finish"),
+    ("reply", "score", "additive", "finish"),
     [
-        ("<think>no tools</think> The answer is \\boxed{5}.<|im_end|>", 1.0, "eos"),
-        ("<think>no tools</think> The answer is \\boxed{4}.<|im_end|>", -1.0, "eos"),
-        ("<think>never closed \\boxed{5}<|im_end|>", -3.0, "eos"),
-        ("<think>x</think>" + '<tool_call>\n{"name": "calculator", "arguments": {"expr": "1"}}\n</tool_call>', -3.0, "tool_after_think"),
+        ("<think>no tools</think> The answer is \\boxed{5}.<|im_end|>", 1.0, 1.0, "eos"),
+        ("<think>no tools</think> The answer is \\boxed{4}.<|im_end|>", -1.0, -1.0, "eos"),
+        ("<think>never closed \\boxed{5}<|im_end|>", -1.0, -3.0, "eos"),
+        ("<think>x</think>" + '<tool_call>\n{"name": "calculator", "arguments": {"expr": "1"}}\n</tool_call>', -1.0, -3.0, "tool_after_think"),
     ],
 )
-def test_reward_signals(make_env, reply: str, score: float, finish: str) -> None:
+def test_reward_signals(make_env, reply: str, score: float, additive: float, finish: str) -> None:
+    """A format violation scores the reference's flat -1; reward.format_penalty=additive adds its weight instead."""
     env = make_env([(reply, "stop")])
     group = collect(env)
     assert group["scores"] == [pytest.approx(score)]
     assert group["overrides"][0]["finish"] == finish
+    group = collect(make_env([(reply, "stop")], ["reward.format_penalty=additive"]))
+    assert group["scores"] == [pytest.approx(additive)]
 
 
 def test_token_budget_bounds_the_rollout(make_env) -> None:
@@ -132,3 +135,22 @@ def test_successes_feed_the_dynamic_pool(make_env) -> None:
     before = len(env.client.prompts[0])
     collect(env)
     assert len(env.client.prompts[2]) > before  # the pool example is now in the prompt
+
+
+RIGHT = ("<think>no tools</think> The answer is \\boxed{5}.<|im_end|>", "stop")
+WRONG = ("<think>no tools</think> The answer is \\boxed{4}.<|im_end|>", "stop")
+
+
+def test_equal_score_groups_are_dropped_where_atroposlib_drops_them(make_env) -> None:
+    """env.drop_equal_scores=null: kept when the run writes data (atroposlib's `process` keeps them),
+    dropped when groups go to an Atropos trainer (its `serve` drops them); true/false force it."""
+    env = make_env([RIGHT, RIGHT], ["group_size=2"])
+    assert env.drop_reason(collect(env)) is None
+    for overrides in (["mode=serve"], ["trainer=atropos"], ["env.drop_equal_scores=true"]):
+        env = make_env([RIGHT, RIGHT], ["group_size=2", *overrides])
+        group = collect(env)
+        assert group["scores"] == [1.0, 1.0] and env.drop_reason(group) == "equal scores", overrides
+    env = make_env([RIGHT, WRONG], ["group_size=2", "env.drop_equal_scores=true"])
+    assert env.drop_reason(collect(env)) is None
+    env = make_env([RIGHT, RIGHT], ["group_size=2", "mode=serve", "env.drop_equal_scores=false"])
+    assert env.drop_reason(collect(env)) is None

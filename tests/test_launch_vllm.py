@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import ROOT, compose
 from opd.records import MASK, check_group, read_groups
@@ -80,7 +82,8 @@ def test_three_groups_line_up_with_the_server_and_land_in_mlflow(tmp_path, fixtu
     assert {"accuracy", "tool_use_rate", "runner/groups_per_s", "reward/correct", "reward/format_violation"} <= set(run.data.metrics)
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "data")} | {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "data/groups.jsonl", "data/groups.html"} <= artifacts
-    assert (tmp_path / "run" / "config.yaml").read_text().startswith("env:")
+    written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())  # the resolved config
+    assert written["env"]["name"] == "inline_math" and written["model"]["name"] == "fixture" and written["total_steps"] == 3
 
 
 def test_evaluate_mode_logs_eval_metrics(tmp_path, fixture_model, vllm_url) -> None:
@@ -89,6 +92,12 @@ def test_evaluate_mode_logs_eval_metrics(tmp_path, fixture_model, vllm_url) -> N
     assert run.info.status == "FINISHED"
     assert run.data.metrics["eval/items"] == 8 and run.data.metrics["eval/failed_items"] == 0
     assert run.data.metrics["eval/accuracy"] == accuracy and 0 <= accuracy <= 1
+    # The greedy rollouts as a table the UI shows: registered in the run's logged-artifacts tag, one row per item.
+    assert {"path": "eval/samples_step_000000.json", "type": "table"} in json.loads(run.data.tags["mlflow.loggedArtifacts"])
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "eval/samples_step_000000.json", str(tmp_path))).read_text())
+    assert {"prompt", "response", "reward", "correct", "turns"} <= set(table["columns"]) and len(table["data"]) == 8
+    row = dict(zip(table["columns"], table["data"][0]))
+    assert row["prompt"] and isinstance(row["response"], str) and row["turns"] >= 1
 
 
 def test_topk_rows_are_normalised_to_exactly_k(fixture_model, vllm_url, tokenizer) -> None:

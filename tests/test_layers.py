@@ -11,19 +11,19 @@ from conftest import ROOT
 # Lowest first. A module's layer is that of the longest prefix listed here.
 LAYERS = [
     ["opd.config", "opd.event_loop"],
-    ["opd.records", "opd.tracking.traces"],
+    ["opd.records", "opd.tracking.traces", "opd.tracking.store"],
     ["opd.serving", "opd.data", "opd.train"],
     ["opd.tools"],
     ["opd.rewards", "opd.agent"],
     ["opd.distill"],
     ["opd.envs"],
-    ["opd.tracking.run"],
+    ["opd.tracking.session", "opd.tracking.run"],
     ["opd.sinks"],
     ["opd.runner"],
     ["opd.sweep.state", "opd.fixture"],
     ["opd.build"],
     ["opd.distributed"],
-    ["opd.run"],
+    ["opd.run", "opd.atropos"],
     ["opd.sweep.callback"],
     ["opd.bench", "experiments"],
 ]

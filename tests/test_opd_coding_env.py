@@ -182,7 +182,10 @@ def test_hinted_turn_carries_teacher_rows_on_its_own_tokens(make_env, tokenizer)
             assert ids[position] == [DISTILL_PAD_ID] * 4 and lps[position] == [DISTILL_PAD_LOGPROB] * 4
             assert group["overrides"][0]["teacher_logprobs"][position] is None
     metrics = env.group_metrics(group)
-    assert metrics["opd/hint_rate"] == 0.25 and metrics["opd/turns_scored"] == 1 and metrics["opd/pairs"] == 4
+    assert metrics["opd/pair_hint_rate"] == 0.25 and metrics["opd/turns_scored"] == 1 and metrics["opd/pairs"] == 4
+    # The reference's names: rollouts with a hint (the group has one rollout), scored turns per rollout.
+    assert metrics["opd/hint_rate"] == 1.0 and metrics["opd/mean_turns_scored"] == 1.0
+    assert metrics["train/pass_rate"] == float(group["overrides"][0]["reward_signals"]["correctness"] >= 0.8)
     assert metrics["opd/teacher_minus_student_lp"] == pytest.approx(-0.1 + 0.5)
 
 
@@ -214,3 +217,74 @@ def test_opd_disabled_writes_plain_records(make_env) -> None:
     env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."], ["env.opd.enabled=false"])
     group = collect(env)
     assert "distill_token_ids" not in group and env.client.chats == []
+
+
+def test_reference_defaults_clamp_show_tests_and_any_positive_vote(make_env) -> None:
+    """The reference's choices, each one override away from ours: the score clamped to [0, 1],
+    the task's tests in the prompt, a hint when any vote is positive."""
+    turns = [call("write_file", path="solution.py", content=GOOD), "Done."]
+    heavy = ["env.opd.enabled=false", "reward.weights.correctness=2.0"]
+    assert collect(make_env(turns, heavy))["scores"] == [1.0]
+    assert collect(make_env(turns, [*heavy, "reward.clamp=null"]))["scores"][0] > 1.0
+    shown = collect(make_env(turns, ["env.opd.enabled=false", "env.show_tests=true"]))["messages"][0][1]["content"]
+    hidden = collect(make_env(turns, ["env.opd.enabled=false"]))["messages"][0][1]["content"]
+    assert TASK["test_code"].strip() in shown and "assert add_3" not in hidden
+    assert validate(compose(["env=opd_coding"])).judge.decision_rule == "any"
+    assert validate(compose(["env=opd_coding", "model=qwen3"])).env.show_tests is True
+
+
+def test_a_failed_vote_request_is_retried_one_vote_at_a_time(make_env) -> None:
+    """The n-vote request fails: each vote is asked alone; the one that fails again counts as
+    unparseable and the others still decide (as the reference, which asks one vote per request)."""
+    env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."], ["judge.decision_rule=majority"])
+    asked = []
+
+    def chat(messages, n):
+        asked.append(n)
+        if n > 1 or asked.count(1) == 1:  # every n-vote request, and the first single vote
+            raise ServerRequestError("vote failed", 503)
+        return env.script.chat(messages, n)
+
+    env.client._chat = chat
+    group = collect(env)
+    records = group["overrides"][0]["opd_turns"]
+    assert sorted(asked) == [1] * 6 + [3, 3]  # two pairs: one 3-vote request each, then 3 single votes each
+    assert [len(r["votes"]) for r in records] == [3, 3] and sum(v is None for r in records for v in r["votes"]) == 1
+    assert all(r["error"] is None for r in records) and any(r["hint"] for r in records)
+    assert [r["votes_failed"] for r in records] in ([1, 0], [0, 1])
+    metrics = env.env_metrics(group)
+    assert metrics["opd/votes_failed"] == 1.0 and metrics["opd/votes_unparseable"] == 1.0 and metrics["opd/judge_failures"] == 0.0
+    # Without the retry the pair's judging fails, as before.
+    env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."], ["judge.retry_votes_alone=false"])
+    asked.clear()
+    env.client._chat = chat
+    records = collect(env)["overrides"][0]["opd_turns"]
+    assert all("vote failed" in r["error"] and r["votes_failed"] == 3 for r in records)
+    assert asked == [3, 3]
+
+
+def test_votes_sent_alone_fail_alone_and_all_failing_fails_the_judging(make_env) -> None:
+    """votes_in_one_request=false (the reference): one failed vote is an unparseable vote; when
+    every vote of a pair fails, that pair's judging fails and is counted."""
+    env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."],
+                   ["judge.votes_in_one_request=false", "judge.decision_rule=majority"])
+    asked = []
+
+    def chat(messages, n):
+        asked.append(n)
+        if len(asked) <= 3:  # the first pair's three votes all fail
+            raise ServerRequestError("vote failed", 503)
+        if len(asked) == 4:  # one vote of the second pair fails
+            raise ServerRequestError("vote failed", 503)
+        return env.script.chat(messages, n)
+
+    env.client._chat = chat
+    group = collect(env)
+    records = group["overrides"][0]["opd_turns"]
+    assert asked == [1] * 6
+    failed = [r for r in records if r["error"]]
+    assert len(failed) == 1 and failed[0]["votes"] == [] and failed[0]["votes_failed"] == 3
+    other = next(r for r in records if not r["error"])
+    assert other["votes_failed"] == 1 and sum(v is None for v in other["votes"]) == 1
+    metrics = env.env_metrics(group)
+    assert metrics["opd/judge_failures"] == 1.0 and metrics["opd/votes_failed"] == 4.0

@@ -63,7 +63,7 @@ def test_mlflow_run_has_the_opd_metrics(opd_run: Path) -> None:
     experiment = client.get_experiment_by_name("opd_coding")
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED"
-    expected = {"opd/hint_rate", "opd/hints_per_rollout", "opd/pairs_judged", "opd/votes_unparseable", "opd/turns_scored",
+    expected = {"opd/hint_rate", "opd/pair_hint_rate", "opd/mean_turns_scored", "opd/hints_per_rollout", "opd/pairs_judged", "opd/votes_unparseable", "opd/turns_scored",
                 "opd/scoring_failures", "opd/teacher_minus_student_lp", "reward/correctness", "reward/efficiency", "reward/tool_usage"}
     assert expected <= set(run.data.metrics)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "opd/hint_rate")] == [1, 2, 3]

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from opd.records import MASK, MASKED_LOGPROB, read_groups
-from opd.runner import Runner, RunnerLimits, TooManyFailures
+from opd.runner import Runner, RunnerLimits, TooManyDropped, TooManyFailures
 from opd.sinks.base import Sink, Written
 from opd.sinks.jsonl import GroupFile
 
@@ -61,7 +61,7 @@ class Recorder(Sink):
         self.seen.append(written)
 
 
-def run(env: ScriptedEnv, tmp_path, total: int, extra: list[Sink] = (), kept: list[dict] | None = None, **kwargs):
+def run(env: ScriptedEnv, tmp_path, total: int, extra: list[Sink] = (), kept: list[dict] | None = None, drop=None, **kwargs):
     path = tmp_path / "groups.jsonl"
     limits = RunnerLimits(**{"groups_in_flight": 4, "max_attempts_per_item": 2, "max_failed_groups": 10, **kwargs})
 
@@ -69,7 +69,7 @@ def run(env: ScriptedEnv, tmp_path, total: int, extra: list[Sink] = (), kept: li
         file = GroupFile(path)
         await file.open()
         try:
-            return await Runner(env, [file, *extra], total, limits, progress=False, kept=kept).run()
+            return await Runner(env, [file, *extra], total, limits, progress=False, kept=kept, drop=drop).run()
         finally:
             await file.close("FINISHED")
 
@@ -116,6 +116,27 @@ def test_invalid_groups_are_not_written(tmp_path) -> None:
 
     stats, scores = run(BadEnv(), tmp_path, 3)
     assert stats.written == 3 and stats.failed == 2 and 0.0 not in scores
+
+
+def odd_scores(group: dict) -> str | None:
+    return "odd" if group["scores"][0] % 2 else None
+
+
+def test_dropped_groups_are_counted_not_written_nor_retried(tmp_path) -> None:
+    env = ScriptedEnv()
+    recorder = Recorder()
+    stats, scores = run(env, tmp_path, 4, extra=[recorder], drop=odd_scores, max_dropped_groups=10)
+    assert sorted(scores) == [0.0, 2.0, 4.0, 6.0]
+    assert stats.written == 4 and stats.failed == 0 and stats.dropped >= 3 and stats.drop_reasons == {"odd": stats.dropped}
+    assert all(n == 1 for n in env.attempts.values())  # a dropped item is not asked again
+    assert recorder.seen[-1].metrics["runner/groups_dropped"] >= 3
+
+
+def test_endless_drops_end_the_run_with_an_error(tmp_path) -> None:
+    env = ScriptedEnv()
+    with pytest.raises(TooManyDropped, match="max_dropped_groups=5"):
+        run(env, tmp_path, 3, drop=lambda group: "always", max_dropped_groups=5)
+    assert sum(env.attempts.values()) <= 6 + 4  # bounded: no endless loop
 
 
 def test_every_sink_gets_each_written_group_with_its_step_and_metrics(tmp_path) -> None:

@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=[*BENCHES, "all"])
     parser.add_argument("--repeats", type=int, default=3, help="measurements per point (the median is reported)")
     parser.add_argument("--embedded", action="store_true", help="startup: also time the embedded vLLM server cold and warm")
+    parser.add_argument("--root", type=Path, default=ROOT,
+                        help="startup: the checkout whose launcher is timed (a worktree of another commit gives a before/after)")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run's config, e.g. runner.oversubscribe=2")
     parser.add_argument("--workers", default="1", help="overhead: environment processes to compare, e.g. 1,2 (above 1 on a local Ray cluster)")
@@ -57,8 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     context = {**_context(), **({"overrides": " ".join(args.set)} if args.set else {})}
+    if args.name == "startup" and args.root.resolve() != ROOT:
+        from opd.tracking.run import git_commit
+
+        context["timed_commit"] = git_commit(args.root)[:12]
     for name in (list(BENCHES) if args.name == "all" else [args.name]):
-        kwargs: dict[str, Any] = {"embedded": args.embedded} if name == "startup" else {}
+        kwargs: dict[str, Any] = {"embedded": args.embedded, "root": args.root.resolve()} if name == "startup" else {}
         if name == "overhead":
             kwargs["workers"] = tuple(int(w) for w in args.workers.split(","))
             if args.latency:

@@ -9,19 +9,22 @@ re-tokenised. The cut is at a special token, so BPE never merges across it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 
 class TemplateMismatch(ValueError):
     """The chat template rendered the history differently with and without the new messages."""
 
 
-def continuation_text(tokenizer: Any, history: list[dict[str, Any]], new_messages: list[dict[str, Any]], tools: list[dict] | None) -> str:
+def continuation_text(tokenizer: Any, history: list[dict[str, Any]], new_messages: list[dict[str, Any]], tools: list[dict] | None,
+                      template_kwargs: Mapping[str, Any] | None = None) -> str:
     """Template text after the last end-of-turn token of `history` (which ends with an assistant
-    message) up to and including the generation prompt for the next assistant turn."""
+    message) up to and including the generation prompt for the next assistant turn
+    (`template_kwargs`: the model preset's chat-template arguments)."""
     eos = tokenizer.eos_token
-    before = tokenizer.apply_chat_template(history, tools=tools, tokenize=False)
-    after = tokenizer.apply_chat_template(history + new_messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    extra = dict(template_kwargs or {})
+    before = tokenizer.apply_chat_template(history, tools=tools, tokenize=False, **extra)
+    after = tokenizer.apply_chat_template(history + new_messages, tools=tools, add_generation_prompt=True, tokenize=False, **extra)
     cut = before.rfind(eos)
     if cut == -1:
         raise TemplateMismatch(f"the rendered history has no end-of-turn token {eos!r}")
@@ -31,5 +34,6 @@ def continuation_text(tokenizer: Any, history: list[dict[str, Any]], new_message
     return after[cut:]
 
 
-def continuation_ids(tokenizer: Any, history: list[dict[str, Any]], new_messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
-    return tokenizer.encode(continuation_text(tokenizer, history, new_messages, tools), add_special_tokens=False)
+def continuation_ids(tokenizer: Any, history: list[dict[str, Any]], new_messages: list[dict[str, Any]], tools: list[dict] | None,
+                     template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+    return tokenizer.encode(continuation_text(tokenizer, history, new_messages, tools, template_kwargs), add_special_tokens=False)

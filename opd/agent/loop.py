@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from opd.agent.chat_format import ChatFormat, TurnParser
 from opd.agent.chat_tokens import continuation_ids
-from opd.agent.tool_calls import call_bodies, run_tool_call
+from opd.agent.tool_calls import ToolCall, ToolCallError, run_parsed_call
 from opd.records import Sequence
 from opd.serving.vllm_client import Generation
 from opd.tools.registry import Toolbox
@@ -68,32 +69,40 @@ async def run_agent(
     temperature: float,
     top_p: float = 1.0,
     tracer: Tracer | None = None,
+    fmt: ChatFormat | None = None,
+    parser: TurnParser | None = None,
 ) -> AgentRollout:
-    """Run the agent until it answers without a tool call, or a limit is reached."""
+    """Run the agent until it answers without a tool call, or a limit is reached. `fmt`: the
+    model's chat format (default: the fixture's, Hermes); `parser`: its parsers, built once per
+    environment (built here when not given)."""
+    fmt = fmt or ChatFormat()
     tools = toolbox.schemas()
-    prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    parser = parser or TurnParser(fmt, tokenizer, tools)
+    prompt = fmt.render(tokenizer, messages, tools, add_generation_prompt=True)
     rollout = AgentRollout(Sequence.from_prompt(tokenizer.encode(prompt, add_special_tokens=False)), list(messages))
     for turn in range(limits.max_turns):
-        text = await _assistant_turn(rollout, tokenizer, generate, limits, temperature, top_p)
-        if text is None:
+        turn_ids = await _assistant_turn(rollout, tokenizer, generate, limits, temperature, top_p)
+        if turn_ids is None:
             break
-        bodies = call_bodies(text)
-        if not bodies:
+        calls = parser.parse(rollout.messages[-1]["content"], turn_ids).calls
+        if not calls:
             rollout.finish = "answer"
             break
-        tool_messages = [{"role": "tool", "content": r} for r in await _run_calls(rollout, toolbox, bodies, tracer or Tracer.off())]
+        tool_messages = [{"role": "tool", "content": r} for r in await _run_calls(rollout, toolbox, calls, tracer or Tracer.off())]
         if turn == limits.max_turns - 1:
             rollout.messages += tool_messages
             rollout.finish = "max_turns"
             break
-        rollout.sequence.add_inserted(continuation_ids(tokenizer, rollout.messages, tool_messages, tools))
+        rollout.sequence.add_inserted(continuation_ids(tokenizer, rollout.messages, tool_messages, tools, fmt.render_kwargs))
         rollout.messages += tool_messages
     return rollout
 
 
-async def _assistant_turn(rollout: AgentRollout, tokenizer: Any, generate: Generate, limits: AgentLimits, temperature: float, top_p: float) -> str | None:
-    """Generate one assistant turn into the rollout; its text, or None when the rollout must end
-    here (out of context, or cut off mid-turn with nothing to continue from)."""
+async def _assistant_turn(rollout: AgentRollout, tokenizer: Any, generate: Generate, limits: AgentLimits, temperature: float, top_p: float) -> list[int] | None:
+    """Generate one assistant turn into the rollout (its text becomes the last message); its
+    sampled ids, or None when the rollout must end here (out of context, or cut off mid-turn with
+    nothing to continue from). A turn ends on the end-of-turn token or another special token the
+    server stops on (Llama's <|eom_id|>, ...)."""
     seq = rollout.sequence
     budget = min(limits.max_tokens_per_turn, limits.max_model_len - len(seq.tokens))
     if budget <= 0:
@@ -102,21 +111,22 @@ async def _assistant_turn(rollout: AgentRollout, tokenizer: Any, generate: Gener
     gen = await generate(seq.tokens, max_tokens=budget, temperature=temperature, top_p=top_p)
     start = len(seq.tokens)
     seq.add_generated(gen.token_ids, gen.logprobs)
-    eos = tokenizer.eos_token_id
-    text = tokenizer.decode([t for t in gen.token_ids if t != eos], skip_special_tokens=False)
+    ids = list(gen.token_ids)
+    ended = gen.finish_reason != "length" and bool(ids) and (ids[-1] == tokenizer.eos_token_id or ids[-1] in tokenizer.all_special_ids)
+    text = tokenizer.decode(ids[:-1] if ended else [t for t in ids if t != tokenizer.eos_token_id], skip_special_tokens=False)
     rollout.messages.append({"role": "assistant", "content": text})
     rollout.turns.append(TurnSpan(start, len(seq.tokens), len(rollout.messages) - 1))
-    if gen.finish_reason == "length" or not gen.token_ids or gen.token_ids[-1] != eos:
+    if not ended:
         rollout.finish = "max_tokens"
         return None
-    return text
+    return ids
 
 
-async def _run_calls(rollout: AgentRollout, toolbox: Toolbox, bodies: list[str], tracer: Tracer) -> list[str]:
+async def _run_calls(rollout: AgentRollout, toolbox: Toolbox, calls: list[ToolCall | ToolCallError], tracer: Tracer) -> list[str]:
     """Run every call of one turn in order; the text each returns to the model."""
     results = []
-    for body in bodies:
-        outcome = await run_tool_call(toolbox, body, tracer)
+    for call in calls:
+        outcome = await run_parsed_call(toolbox, call, tracer)
         if outcome.ran:
             rollout.tools_used.append(outcome.name or "")
         rollout.tool_errors += outcome.status != "ok"

@@ -77,12 +77,19 @@ def last_open_call(text: str) -> str | None:
 
 
 async def run_tool_call(toolbox: Toolbox, body: str, tracer: Tracer) -> ToolOutcome:
-    """Parse one call body and run it (a `tool <name>` span when tracing); a body that does not
-    parse is a `malformed` outcome."""
+    """Parse one Hermes call body and run it (a `tool <name>` span when tracing); a body that does
+    not parse is a `malformed` outcome."""
     try:
         call = parse_tool_call(body)
     except ToolCallError as err:
         return ToolOutcome("malformed", error=str(err))
+    return await run_parsed_call(toolbox, call, tracer)
+
+
+async def run_parsed_call(toolbox: Toolbox, call: ToolCall | ToolCallError, tracer: Tracer) -> ToolOutcome:
+    """Run one parsed call (a `tool <name>` span when tracing); a parse error is a `malformed` outcome."""
+    if isinstance(call, ToolCallError):
+        return ToolOutcome("malformed", error=str(call))
     with tracer.span(f"tool {call.name}", "TOOL", call.arguments) as span:
         outcome = await toolbox.run(call.name, call.arguments)
         span.outputs({"status": outcome.status, "content": outcome.content, "error": outcome.error})

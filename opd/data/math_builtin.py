@@ -7,7 +7,7 @@ call (calculator or python) gives the answer and a model can be checked exactly.
 from __future__ import annotations
 
 import random
-from typing import Callable
+from typing import Callable, Sequence
 
 Problem = dict[str, str]
 
@@ -69,14 +69,26 @@ _KINDS: list[Callable[[random.Random], Problem]] = [_sum, _difference, _product,
 GENERATOR_SEED = 1234
 
 
-def generate(n: int = 400, seed: int = GENERATOR_SEED) -> list[Problem]:
-    """`n` distinct problems, the same for the same seed; each has `problem`, `answer`,
-    `expression` and `kind` (the generator's name: sum, parity, ...)."""
+KINDS: tuple[str, ...] = tuple(kind.__name__.lstrip("_") for kind in _KINDS)
+
+
+def generate(n: int = 400, seed: int = GENERATOR_SEED, kinds: Sequence[str] | None = None) -> list[Problem]:
+    """`n` distinct problems, the same for the same seed and kinds; each has `problem`, `answer`,
+    `expression` and `kind` (the generator's name: sum, parity, ...). `kinds` draws only from
+    those generators (None: all)."""
+    unknown = sorted(set(kinds or ()) - set(KINDS))
+    if unknown or (kinds is not None and not kinds):
+        raise ValueError(f"problem kinds {unknown or []} are not the generator's: {list(KINDS)}")
+    chosen = [k for k in _KINDS if kinds is None or k.__name__.lstrip("_") in kinds]
     rng = random.Random(seed)
     seen: set[str] = set()
     problems: list[Problem] = []
+    draws = 0
     while len(problems) < n:
-        kind = rng.choice(_KINDS)
+        draws += 1
+        if draws > 100 * n:  # the chosen kinds have fewer distinct problems than asked for
+            raise ValueError(f"only {len(problems)} distinct problems of kinds {[k.__name__.lstrip('_') for k in chosen]}, {n} asked for")
+        kind = rng.choice(chosen)
         problem = {**kind(rng), "kind": kind.__name__.lstrip("_")}
         if problem["problem"] not in seen:
             seen.add(problem["problem"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from opd.config import DatasetConfig
+from opd.config import ConfigError, DatasetConfig
 from opd.data import math_builtin
 from opd.data.sources import TaskSet, mapped_rows, split
 
@@ -27,9 +27,13 @@ def is_plain_number(answer: str) -> bool:
 def load_math(cfg: DatasetConfig) -> TaskSet:
     """Rows of the configured source, split into train and held-out eval by `cfg.split_seed`."""
     if cfg.source == "builtin":
-        problems = math_builtin.generate(cfg.builtin_size)
+        try:
+            problems = math_builtin.generate(cfg.builtin_size, kinds=cfg.kinds)
+        except ValueError as err:
+            raise ConfigError(f"dataset.kinds / dataset.builtin_size: {err}", "dataset.kinds") from None
         rows = [{"id": f"builtin-{i}", "problem": p["problem"], "answer": p["answer"], "kind": p["kind"]} for i, p in enumerate(problems)]
-        return split(cfg, rows, f"builtin:{cfg.builtin_size}")
+        source = f"builtin:{cfg.builtin_size}" + (f":{'+'.join(cfg.kinds)}" if cfg.kinds else "")
+        return split(cfg, rows, source)
 
     def convert(index: int, record: dict[str, Any]) -> Row | None:
         problem, answer = record[cfg.prompt_field], record[cfg.answer_field]

@@ -71,7 +71,16 @@ def mapped_rows(cfg: DatasetConfig, columns: dict[str, str], convert: Callable[[
 
 
 def split(cfg: DatasetConfig, rows: list[dict[str, Any]], source: str, skipped: int = 0) -> TaskSet:
-    """Hold out `dataset.eval_size` rows (chosen by `dataset.split_seed`); the rest train."""
+    """Keep the rows of `dataset.kinds` (if set), then hold out `dataset.eval_size` rows (chosen by
+    `dataset.split_seed`); the rest train."""
+    if cfg.kinds is not None:
+        present = sorted({str(row["kind"]) for row in rows if "kind" in row})
+        if not present:
+            raise ConfigError(f"dataset.kinds: {source} has no problem kinds to select from", "dataset.kinds")
+        unknown = sorted(set(cfg.kinds) - set(present))
+        if unknown:
+            raise ConfigError(f"dataset.kinds: {unknown} not in {source} (its kinds: {present})", "dataset.kinds")
+        rows = [row for row in rows if row.get("kind") in cfg.kinds]
     if len(rows) <= cfg.eval_size:
         raise ConfigError(f"dataset.eval_size: {cfg.eval_size} held out of only {len(rows)} usable rows in {source}", "dataset.eval_size")
     train, held = train_eval_split(rows, cfg.eval_size, cfg.split_seed)

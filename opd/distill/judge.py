@@ -12,8 +12,8 @@ from opd.distill.turn_pairs import TurnPair
 
 logger = logging.getLogger(__name__)
 
-# (messages, n, max_tokens, temperature) -> the n answer texts
-ChatFn = Callable[[list[dict[str, str]], int, int, float], Awaitable[list[str]]]
+# (messages, n, max_tokens, temperature) -> the n answer texts; None for a vote whose request failed
+ChatFn = Callable[[list[dict[str, str]], int, int, float], Awaitable[list[str | None]]]
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Judgement:
     votes: list[Vote] = field(default_factory=list)
     decision: int | None = None  # 1: use a hint; -1: no hindsight; None: no parseable vote
     hint: str | None = None
+    failed: int = 0  # votes whose request failed (each also counts as unparseable, as in the reference)
 
     @property
     def unparseable(self) -> int:
@@ -52,7 +53,7 @@ async def judge_pair(pair: TurnPair, chat: ChatFn, cfg: JudgeConfig) -> Judgemen
     """Ask for `cfg.votes` verdicts; raises what the server raised."""
     messages = judge_messages(pair.response_text, pair.next_state_text, pair.next_state_role)
     texts = await chat(messages, cfg.votes, cfg.max_tokens, cfg.temperature)
-    judgement = Judgement(votes=[parse_vote(t) for t in texts])
+    judgement = Judgement(votes=[parse_vote(t or "") for t in texts], failed=sum(t is None for t in texts))
     judgement.decision = decide(judgement.votes, cfg.decision_rule)
     if judgement.decision == 1:
         judgement.hint = choose_hint(judgement.votes, cfg.min_hint_chars, cfg.hint_choice)

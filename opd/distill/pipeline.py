@@ -56,7 +56,8 @@ class JudgedPair:
 
 
 async def judge_and_score(seq_index: int, pair: TurnPair, turn_ids: list[int], *, tokenizer: Any, tools: list[dict] | None,
-                          chat: ChatFn, score: ScoreFn, opd: OPDConfig, judge: JudgeConfig, failures: FailureLog, semaphore: asyncio.Semaphore) -> JudgedPair:
+                          chat: ChatFn, score: ScoreFn, opd: OPDConfig, judge: JudgeConfig, failures: FailureLog, semaphore: asyncio.Semaphore,
+                          template_kwargs: dict[str, Any] | None = None) -> JudgedPair:
     """Judge one pair; if the judge gives a hint, score the turn's ids with the hinted teacher."""
     record: dict[str, Any] = {
         "span": [pair.span.start, pair.span.end],
@@ -67,14 +68,15 @@ async def judge_and_score(seq_index: int, pair: TurnPair, turn_ids: list[int], *
         async with semaphore:
             judgement = await judge_pair(pair, chat, judge)
     except Exception as err:
-        record.update(votes=[], decision=None, hint=None, scored=False, error=failures.record("judge", err))
+        record.update(votes=[], votes_failed=judge.votes, decision=None, hint=None, scored=False, error=failures.record("judge", err))
         return JudgedPair(seq_index, pair, record, None)
-    record.update(votes=[v.decision for v in judgement.votes], decision=judgement.decision, hint=judgement.hint, scored=False, error=None)
+    record.update(votes=[v.decision for v in judgement.votes], votes_failed=judgement.failed, decision=judgement.decision, hint=judgement.hint,
+                  scored=False, error=None)
     if judgement.hint is None:
         return JudgedPair(seq_index, pair, record, None)
     try:
         async with semaphore:
-            rows = await score_turn(tokenizer, pair.context, tools, turn_ids, judgement.hint, opd.hint_placement, opd.topk, score)
+            rows = await score_turn(tokenizer, pair.context, tools, turn_ids, judgement.hint, opd.hint_placement, opd.topk, score, template_kwargs, opd.hint_header)
     except Exception as err:
         record["error"] = failures.record("teacher scoring", err)
         return JudgedPair(seq_index, pair, record, None)
@@ -120,16 +122,19 @@ async def apply_opd(
     failures: FailureLog,
     tracer: Tracer,
     trace_roots: list[Any] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Fields to merge into the group (`distill_*` arrays, per-sequence override additions)."""
+    """Fields to merge into the group (`distill_*` arrays, per-sequence override additions);
+    `template_kwargs`: the chat-template arguments the rollouts were rendered with."""
     semaphore = asyncio.Semaphore(opd.max_concurrency)
-    pairs = [(i, pair) for i, r in enumerate(rollouts) for pair in turn_pairs(r, opd.max_state_chars, opd.max_response_chars)]
+    pairs = [(i, pair) for i, r in enumerate(rollouts) for pair in turn_pairs(r, opd.max_state_chars, opd.max_response_chars, opd.response_cut)]
 
     async def one(seq_index: int, pair: TurnPair) -> JudgedPair:
         turn_ids = rollouts[seq_index].sequence.tokens[pair.span.start : pair.span.end]
         with tracer.attach(trace_roots[seq_index] if trace_roots else None):
             return await judge_and_score(seq_index, pair, turn_ids, tokenizer=tokenizer, tools=tools, chat=chat, score=score,
-                                         opd=opd, judge=judge, failures=failures, semaphore=semaphore)
+                                         opd=opd, judge=judge, failures=failures, semaphore=semaphore,
+                                         template_kwargs=template_kwargs)
 
     judged = await asyncio.gather(*(one(i, p) for i, p in pairs))
     return distill_fields(rollouts, list(judged), opd.topk)

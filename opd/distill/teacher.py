@@ -14,7 +14,8 @@ from typing import Any, Awaitable, Callable
 
 from opd.serving.vllm_client import PromptScores
 
-HINT_HEADER = "[hint]"
+# The reference's header above the hint in the teacher's context (env.opd.hint_header).
+HINT_HEADER = "[user's hint / instruction]"
 
 # (input_ids, top_k, rows_from) -> the prompt's rows (`opd.serving.vllm_client.PromptScores`);
 # rows before `rows_from` may come back empty.
@@ -30,24 +31,27 @@ class TeacherRows:
     sampled_logprobs: list[float | None]
 
 
-def with_hint(context: list[dict[str, Any]], hint: str, placement: str) -> list[dict[str, Any]]:
+def with_hint(context: list[dict[str, Any]], hint: str, placement: str, header: str = HINT_HEADER) -> list[dict[str, Any]]:
     """The context with the hint added: appended to the last user message (`last_user`, the
     reference's choice), to the system message (`system`), or as a new user message at the end
     (`new_user`)."""
     messages = copy.deepcopy(context)
-    text = f"\n\n{HINT_HEADER}\n{hint.strip()}"
+    text = f"\n\n{header}\n{hint.strip()}"
     if placement == "new_user":
-        return messages + [{"role": "user", "content": f"{HINT_HEADER}\n{hint.strip()}"}]
+        return messages + [{"role": "user", "content": f"{header}\n{hint.strip()}"}]
     role = "system" if placement == "system" else "user"
     for message in reversed(messages):
         if message.get("role") == role:
             message["content"] = f"{message.get('content') or ''}{text}"
             return messages
-    return messages + [{"role": "user", "content": f"{HINT_HEADER}\n{hint.strip()}"}]
+    return messages + [{"role": "user", "content": f"{header}\n{hint.strip()}"}]
 
 
-async def score_turn(tokenizer: Any, context: list[dict[str, Any]], tools: list[dict] | None, turn_ids: list[int], hint: str, placement: str, top_k: int, score: ScoreFn) -> TeacherRows:
-    prompt = tokenizer.apply_chat_template(with_hint(context, hint, placement), tools=tools, add_generation_prompt=True, tokenize=False)
+async def score_turn(tokenizer: Any, context: list[dict[str, Any]], tools: list[dict] | None, turn_ids: list[int], hint: str, placement: str, top_k: int, score: ScoreFn,
+                     template_kwargs: dict[str, Any] | None = None, header: str = HINT_HEADER) -> TeacherRows:
+    """The hinted teacher's rows on `turn_ids`: the context with the hint, rendered by the chat
+    template (with the rollout's template arguments), then the student's exact ids."""
+    prompt = tokenizer.apply_chat_template(with_hint(context, hint, placement, header), tools=tools, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     first = len(prompt_ids)
     result = await score(prompt_ids + list(turn_ids), top_k, first)

@@ -20,12 +20,19 @@ class TurnPair:
     next_state_role: str
 
 
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit] + f"\n...[truncated at {limit} characters]"
+def _cut(text: str, limit: int | None, keep: str = "head") -> str:
+    """`text` cut to `limit` characters (None: whole), keeping its start (`head`) or its end (`tail`)."""
+    if limit is None or len(text) <= limit:
+        return text
+    if keep == "tail":
+        return f"[...{len(text) - limit} characters before]\n" + text[-limit:]
+    return text[:limit] + f"\n...[truncated at {limit} characters]"
 
 
-def turn_pairs(rollout: AgentRollout, max_state_chars: int, max_response_chars: int) -> list[TurnPair]:
-    """Pairs for every assistant turn that has a next state (tool-call-only turns included)."""
+def turn_pairs(rollout: AgentRollout, max_state_chars: int, max_response_chars: int | None, response_cut: str = "tail") -> list[TurnPair]:
+    """Pairs for every assistant turn that has a next state (tool-call-only turns included). A
+    long turn is shown to the judge by its end (`response_cut=tail`: where a thinking model's
+    call is) or its start (`head`); a long next state by its start."""
     pairs = []
     messages = rollout.messages
     for span in rollout.turns:
@@ -44,7 +51,7 @@ def turn_pairs(rollout: AgentRollout, max_state_chars: int, max_response_chars: 
             TurnPair(
                 span=span,
                 context=messages[: span.message_index],
-                response_text=_cut(str(messages[span.message_index]["content"]), max_response_chars),
+                response_text=_cut(str(messages[span.message_index]["content"]), max_response_chars, response_cut),
                 next_state_text=_cut(state, max_state_chars),
                 next_state_role=following[0]["role"],
             )

@@ -7,6 +7,7 @@ the evaluation scaffold. A subclass implements:
 - `make_group(item, roots)`: `group_size` rollouts of one item, scored, as a `ScoredDataGroup`;
 - `eval_item(item, temperature)`: one rollout of a held-out item, as an `ItemResult`;
 - `env_metrics(group)`: its own per-group metrics.
+It passes its tool schemas up, for the start-up check of the model's chat format.
 The runner (`opd.runner`) drives it, not atroposlib's `process_manager` (which has no error
 isolation and can loop forever), and checks every group once before it is written.
 """
@@ -23,6 +24,7 @@ from typing import Any
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 
+from opd.agent.chat_format import ChatFormat, check
 from opd.data.sources import TaskSet
 from opd.serving.pool import ServerPool
 from opd.serving.vllm_client import Generation
@@ -61,8 +63,11 @@ class OPDBaseEnv(BaseEnv):
     server_cls = OpenAIServer
 
     def __init__(self, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
-                 seed: int, tracer: Tracer, temperature: float, top_p: float, eval_temperature: float) -> None:
-        base_config = BaseEnvConfig(
+                 seed: int, tracer: Tracer, temperature: float, top_p: float, eval_temperature: float, chat_format: ChatFormat,
+                 tools: list[dict[str, Any]], drop_equal_scores: bool = False, atropos_config: BaseEnvConfig | None = None) -> None:
+        # atroposlib's own settings: ours (its file writer, wandb and score filter off: the runner
+        # and sinks do that), or, run by atroposlib's serve/process commands (opd.atropos), theirs.
+        base_config = atropos_config or BaseEnvConfig(
             tokenizer_name=tokenizer_path,
             group_size=group_size,
             use_wandb=False,
@@ -79,7 +84,12 @@ class OPDBaseEnv(BaseEnv):
         self.max_model_len = max_model_len
         self.tracer = tracer
         self.temperature, self.top_p, self.eval_temperature = temperature, top_p, eval_temperature
+        self.drop_equal_scores = drop_equal_scores
         self.rng = random.Random(seed)
+        # The model's format; the start-up check stops here, naming what is missing, when the
+        # tokenizer or the chat template cannot carry it.
+        self.chat_format = chat_format
+        check(chat_format, self.tokenizer, tools, tokenizer_path)
         self._order: list[int] = []
         # The version of the weights the servers serve (a trainer in the run raises it); every
         # group records the version it was generated with (`group_overrides.weight_version`).
@@ -119,6 +129,15 @@ class OPDBaseEnv(BaseEnv):
 
     async def make_group(self, item: dict[str, Any], roots: list[Any]) -> ScoredDataGroup:
         raise NotImplementedError
+
+    def drop_reason(self, group: dict[str, Any]) -> str | None:
+        """Why the runner should not write `group` (None: write it): with `drop_equal_scores`, a
+        group of more than one rollout whose scores are all equal, as atroposlib's
+        `ensure_scores_are_not_same` drops it."""
+        scores = group["scores"]
+        if self.drop_equal_scores and len(scores) > 1 and len(set(scores)) == 1:
+            return "equal scores"
+        return None
 
     def group_record(self, item: dict[str, Any], sequences: list[Any], scores: list[float], details: list[dict[str, Any]],
                      generation_params: dict[str, Any], messages: list[list[dict[str, Any]]] | None = None,

@@ -23,9 +23,11 @@ TOOLS: list[dict[str, Any]] = schemas(workspace.TOOLS)
 TEST_FILE = "test_solution.py"
 
 
-def task_message(task: str) -> str:
-    return f"{task}\n\nSave the solution in solution.py. The tests are in {TEST_FILE}; run them with `python {TEST_FILE}`."
+def task_message(task: str, test_code: str | None = None) -> str:
+    """The task; with `test_code`, the tests shown as the reference shows them."""
+    tests = f"\n\nThe tests that check your solution:\n```python\n{test_code.rstrip()}\n```" if test_code else ""
+    return f"{task}{tests}\n\nSave the solution in solution.py. The tests are in {TEST_FILE}; run them with `python {TEST_FILE}`."
 
 
-def initial_messages(task: str, system_prompt: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
-    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": task_message(task)}]
+def initial_messages(task: str, system_prompt: str = SYSTEM_PROMPT, test_code: str | None = None) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": task_message(task, test_code)}]

@@ -5,6 +5,10 @@ One rollout is one assistant turn built from token ids:
     prompt ids -> generate until `</tool_call>` -> run the tool -> insert the tool response ids
     (masked) -> generate again from all ids so far -> ... -> `</think>` ... `\\boxed{answer}` EOS
 
+The call markers, the call's parser and the response text are the model family's
+(`opd.agent.chat_format`): generation stops on the format's end marker as text, however the
+tokenizer splits it, and the call is read by vLLM's parser of that format.
+
 The record holds exactly the ids vLLM sampled (never re-tokenised text) with their logprobs;
 the inserted tool responses are masked (-100) and carry no logprob. Generation is bounded by
 `max_tool_calls`, `max_new_tokens` and the server's context length.
@@ -18,7 +22,8 @@ from typing import Any
 
 from atroposlib.envs.base import ScoredDataGroup
 
-from opd.agent.tool_calls import CLOSE, last_open_call, run_tool_call
+from opd.agent.chat_format import TurnParser
+from opd.agent.tool_calls import ToolCallError, run_parsed_call
 from opd.config import InlineMathEnvConfig, InlineMathRewardConfig
 from opd.envs import math_prompt
 from opd.envs.base import ItemResult, OPDBaseEnv
@@ -50,21 +55,26 @@ class InlineMathEnv(OPDBaseEnv):
     name = "inline_math"
 
     def __init__(self, cfg: InlineMathEnvConfig, reward: InlineMathRewardConfig, **common: Any) -> None:
-        super().__init__(temperature=cfg.temperature, top_p=cfg.top_p, eval_temperature=cfg.eval_temperature, **common)
+        super().__init__(temperature=cfg.temperature, top_p=cfg.top_p, eval_temperature=cfg.eval_temperature, tools=math_prompt.TOOLS, **common)
         self.cfg = cfg
         self.reward_cfg = reward
         self.rubric = Rubric(rewards.SIGNALS, reward.weights)
         self.verifier = Verifier(reward.verify_workers, reward.verify_timeout_s)
         self.toolbox = Toolbox(math_tools.TOOLS, math_tools.MathTools(CalculatorLimits(max_chars=cfg.calculator_max_chars), cfg.sandbox))
         self.dynamic_pool: list[tuple[str, str]] = []
-        self.stop_id = self.tokenizer.convert_tokens_to_ids(CLOSE)
+        fmt = self.chat_format
+        self.parser = TurnParser(fmt, self.tokenizer, self.toolbox.schemas())
+        self.few_shots = math_prompt.few_shots(fmt)
+        self.system_prompt = math_prompt.system_prompt(fmt, cfg.tool_instruction)
+        # What marks tool text after </think> as a format violation: a call, or an inserted response.
+        self.tool_markers = (fmt.call_start, fmt.response_template.split("$result")[0].strip() or fmt.call_start)
 
     def prompt_ids(self, problem: str, use_pool: bool) -> list[int]:
-        shots = list(math_prompt.FEW_SHOTS[: self.cfg.few_shots])
+        shots = list(self.few_shots[: self.cfg.few_shots])
         if use_pool and self.cfg.dynamic_shots and self.dynamic_pool:
             shots += self.dynamic_pool[-self.cfg.dynamic_shots :]
-        messages = math_prompt.build_messages(problem + self.cfg.problem_suffix, shots)
-        text = self.tokenizer.apply_chat_template(messages, tools=self.toolbox.schemas(), add_generation_prompt=True, tokenize=False)
+        messages = math_prompt.build_messages(problem + self.cfg.problem_suffix, shots, self.system_prompt)
+        text = self.chat_format.render(self.tokenizer, messages, self.toolbox.schemas(), add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     # ---- one rollout -----------------------------------------------------------------------
@@ -72,47 +82,57 @@ class InlineMathEnv(OPDBaseEnv):
     async def rollout(self, prompt_ids: list[int], temperature: float) -> Rollout:
         """Generate one assistant turn with inline tool calls (see module docstring)."""
         rollout = Rollout(Sequence.from_prompt(prompt_ids))
+        end = self.chat_format.call_end
+        since = 0  # where the text after the last inserted tool response starts
         while (budget := self._budget(rollout)) > 0:
-            gen = await self.generate(rollout.sequence.tokens, max_tokens=budget, temperature=temperature, top_p=self.top_p, stop=[CLOSE])
+            gen = await self.generate(rollout.sequence.tokens, max_tokens=budget, temperature=temperature, top_p=self.top_p, stop=[end])
+            before = len(rollout.text)
             rollout.sequence.add_generated(gen.token_ids, gen.logprobs)
             rollout.generated_tokens += len(gen.token_ids)
             rollout.text += self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
             if gen.finish_reason == "length":
                 continue  # the budget ends it, or the next segment continues it
-            if not gen.token_ids or gen.token_ids[-1] != self.stop_id:
+            # vLLM stops on the marker as text: it is in the new text (or spans the previous
+            # segment's end). Its ids are already in the record; never append it again.
+            if end not in rollout.text[max(since, before - len(end) + 1):]:
                 rollout.finish = "eos"
                 return rollout
-            # Stopped at </tool_call>: vLLM's ids already end with it; never append it again.
+            segment = rollout.text[since:]
+            calls = self.parser.calls(segment)
+            if not calls and gen.token_ids and gen.token_ids[-1] == self.tokenizer.eos_token_id:
+                rollout.finish = "eos"  # the marker is the end of the message (Mistral's </s>) and no call came
+                return rollout
             if "</think>" in rollout.text:
                 rollout.finish = "tool_after_think"
                 return rollout
-            await self._answer_call(rollout)
+            await self._answer_call(rollout, calls[-1] if calls else ToolCallError(f"{end} without {self.chat_format.call_start}"))
+            since = len(rollout.text)
         rollout.finish = "max_new_tokens" if rollout.generated_tokens >= self.cfg.max_new_tokens else "context"
         return rollout
 
     def _budget(self, rollout: Rollout) -> int:
         return min(self.cfg.max_tokens_per_segment, self.cfg.max_new_tokens - rollout.generated_tokens, self.max_model_len - len(rollout.sequence.tokens))
 
-    async def _answer_call(self, rollout: Rollout) -> None:
+    async def _answer_call(self, rollout: Rollout, call: Any) -> None:
         """Run the call the text ends with (or refuse it) and insert its response, masked."""
-        body = last_open_call(rollout.text)
         if rollout.tool_calls_run >= self.cfg.max_tool_calls:
             outcome = ToolOutcome("malformed", error=f"tool call limit ({self.cfg.max_tool_calls}) reached; give the final answer now")
-        elif body is None:
-            outcome = ToolOutcome("malformed", error="</tool_call> without <tool_call>")
         else:
-            outcome = await run_tool_call(self.toolbox, body, self.tracer)
+            outcome = await run_parsed_call(self.toolbox, call, self.tracer)
         rollout.tool_calls_run += outcome.ran
         rollout.tool_errors += outcome.status != "ok"
         shown = outcome.content if outcome.content is not None else {"error": outcome.error}
-        response = math_prompt.tool_response_text(shown)
+        response = self.chat_format.response_text(shown)
         rollout.sequence.add_inserted(self.tokenizer.encode(response, add_special_tokens=False))
         rollout.text += response
 
     async def score(self, rollout: Rollout, answer: str) -> Scored:
         correct = await rewards.check_answer(rollout.text, answer, self.verifier, self.reward_cfg.max_answer_chars)
         rollout.verify_timed_out = correct is None
-        return self.rubric.score(rewards.MathOutcome(rollout.text, rollout.tool_calls_run, bool(correct)))
+        scored = self.rubric.score(rewards.MathOutcome(rollout.text, rollout.tool_calls_run, bool(correct), self.tool_markers))
+        if self.reward_cfg.format_penalty == "flat" and scored.signals["format_violation"]:
+            return Scored(self.reward_cfg.flat_format_score, scored.signals)
+        return scored
 
     # ---- groups ----------------------------------------------------------------------------
 
@@ -157,6 +177,8 @@ class InlineMathEnv(OPDBaseEnv):
         n = len(details)
         return {
             "accuracy": sum(d["correct"] for d in details) / n,
+            # The inline reference's name for it (there it could exceed 1; here it is a fraction).
+            "train/percent_correct": sum(d["correct"] for d in details) / n,
             "tool_use_rate": sum(d["tool_calls"] > 0 for d in details) / n,
             "tool_calls/mean": sum(d["tool_calls"] for d in details) / n,
             "truncated_rate": sum(d["finish"] in ("max_new_tokens", "context") for d in details) / n,

@@ -2,6 +2,8 @@
 
 The fixture model is trained on transcripts rendered from these same pieces, so a change here
 changes what the fixture has learnt: rebuild it (`python -m opd.fixture.build`) after editing.
+Other model families get the same prompt with their own call and response text
+(`system_prompt(fmt)`, `few_shots(fmt)`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from opd.agent.chat_format import ChatFormat
 from opd.agent.tool_calls import tool_call_text
 from opd.tools import math_tools
 from opd.tools.registry import schemas
@@ -20,7 +23,33 @@ SYSTEM_PROMPT = (
     "answer as \\boxed{...}."
 )
 
+# The reference's instruction to use a tool (env.tool_instruction appends it to the system prompt).
+TOOL_INSTRUCTION = "You must use a tool (calculator or python_interpreter) while thinking, and check its result before you answer."
+
 TOOLS: list[dict[str, Any]] = schemas(math_tools.TOOLS)
+
+
+def system_prompt(fmt: ChatFormat, tool_instruction: bool = False) -> str:
+    """The system prompt for `fmt`: the fixture's exact text for the Hermes format, else the same
+    protocol with the family's own call shown."""
+    if fmt.call_template == ChatFormat().call_template and fmt.response_template == ChatFormat().response_template:
+        text = SYSTEM_PROMPT
+    else:
+        example = fmt.call_text("calculator", {"expr": "2 * 21"})
+        text = ("You solve math problems. Think step by step inside <think> and </think>. While thinking you may call a "
+                f"tool, written exactly like this: {example} Its result comes back and you keep thinking. After </think>, "
+                "state the final answer as \\boxed{...}.")
+    return f"{text} {TOOL_INSTRUCTION}" if tool_instruction else text
+
+
+def few_shots(fmt: ChatFormat) -> list[tuple[str, str]]:
+    """The static few-shot examples with `fmt`'s call and response text (the fixture's FEW_SHOTS
+    for the Hermes format)."""
+    out = []
+    for (user, _), (thought, name, arguments, result, answer) in zip(FEW_SHOTS, _SHOTS):
+        out.append((user, f"<think>\n{thought}\n{fmt.call_text(name, arguments)}{fmt.response_text(result)}"
+                          f"The tool gives {answer}.\n</think>\n\nThe answer is \\boxed{{{answer}}}."))
+    return out
 
 
 def tool_response_text(result: dict[str, Any]) -> str:
@@ -36,22 +65,18 @@ def solved_text(thought: str, name: str, arguments: dict[str, Any], result: dict
     )
 
 
-# Static few-shot examples: (user, assistant). The tool results are what our tools return.
+# The static few-shots' parts: (thought, tool, arguments, result, answer); the results are what our
+# tools return.
+_SHOTS: list[tuple[str, str, dict[str, Any], dict[str, Any], str]] = [
+    ("I will compute (2 + 3) * 4.", "calculator", {"expr": "(2 + 3) * 4"}, {"value": 20}, "20"),
+    ("I will add the squares with Python.", "python_interpreter", {"code": "print(sum(k * k for k in (1, 2, 3)))"},
+     {"stdout": "14\n", "stderr": "", "exit_code": 0}, "14"),
+]
+
+# Static few-shot examples: (user, assistant), in the Hermes format.
 FEW_SHOTS: list[tuple[str, str]] = [
-    (
-        "What is (2 + 3) * 4?",
-        solved_text("I will compute (2 + 3) * 4.", "calculator", {"expr": "(2 + 3) * 4"}, {"value": 20}, "20"),
-    ),
-    (
-        "What is the sum of the squares of 1, 2 and 3?",
-        solved_text(
-            "I will add the squares with Python.",
-            "python_interpreter",
-            {"code": "print(sum(k * k for k in (1, 2, 3)))"},
-            {"stdout": "14\n", "stderr": "", "exit_code": 0},
-            "14",
-        ),
-    ),
+    (user, solved_text(*shot))
+    for user, shot in zip(("What is (2 + 3) * 4?", "What is the sum of the squares of 1, 2 and 3?"), _SHOTS)
 ]
 
 

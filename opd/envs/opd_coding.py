@@ -17,6 +17,7 @@ from typing import Any
 
 from atroposlib.envs.base import ScoredDataGroup
 
+from opd.agent.chat_format import TurnParser
 from opd.agent.loop import AgentLimits, AgentRollout, run_agent
 from opd.config import ConfigError, JudgeConfig, OPDCodingEnvConfig, OPDCodingRewardConfig
 from opd.distill.pipeline import FailureLog, apply_opd
@@ -38,7 +39,8 @@ class OPDCodingEnv(OPDBaseEnv):
     name = "opd_coding"
 
     def __init__(self, cfg: OPDCodingEnvConfig, reward: OPDCodingRewardConfig, judge: JudgeConfig, judge_pool: ServerPool | None = None, **common: Any) -> None:
-        super().__init__(temperature=cfg.temperature, top_p=cfg.top_p, eval_temperature=cfg.eval_temperature, **common)
+        super().__init__(temperature=cfg.temperature, top_p=cfg.top_p, eval_temperature=cfg.eval_temperature, tools=coding_prompt.TOOLS, **common)
+        self.parser = TurnParser(self.chat_format, self.tokenizer, coding_prompt.TOOLS)
         self.cfg, self.reward_cfg, self.judge_cfg = cfg, reward, judge
         self.rubric = Rubric(rewards.SIGNALS, reward.weights, params=reward)
         self.system_prompt = cfg.system_prompt or coding_prompt.SYSTEM_PROMPT
@@ -67,16 +69,31 @@ class OPDCodingEnv(OPDBaseEnv):
         with self.tracer.span("teacher scoring", "LLM", {"tokens": len(input_ids), "top_k": top_k}):
             return await self.server.score(input_ids, top_k, rows_from)
 
-    async def judge_chat(self, messages: list[dict[str, str]], n: int, max_tokens: int, temperature: float) -> list[str]:
-        async def one(count: int) -> list[str]:
+    async def judge_chat(self, messages: list[dict[str, str]], n: int, max_tokens: int, temperature: float) -> list[str | None]:
+        """`n` vote texts; None for a vote whose request failed. Raises only when every vote failed."""
+        # The policy judging itself gets the preset's template arguments (thinking on or off).
+        extra = {"chat_template_kwargs": dict(self.chat_format.template_kwargs)} if self.judge_pool is self.server and self.chat_format.template_kwargs else {}
+
+        async def one(count: int) -> list[str | None]:
             with self.tracer.span("judge", "LLM", {"messages": messages, "votes": count}) as span:
-                texts = await self.judge_pool.chat(messages, n=count, max_tokens=max_tokens, temperature=temperature)
+                texts = await self.judge_pool.chat(messages, n=count, max_tokens=max_tokens, temperature=temperature, **extra)
                 span.outputs(texts)
             return texts
 
         if self.judge_cfg.votes_in_one_request:
-            return await one(n)
-        return [text for texts in await asyncio.gather(*(one(1) for _ in range(n))) for text in texts]
+            try:
+                return await one(n)
+            except ServerRequestError:
+                if not self.judge_cfg.retry_votes_alone:
+                    raise
+        # One request per vote: a vote that fails is None (unparseable, as in the reference), unless all do.
+        answers = await asyncio.gather(*(one(1) for _ in range(n)), return_exceptions=True)
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        if len(errors) == n:
+            raise errors[0]
+        for error in errors:
+            self.failures.record("judge vote", error)
+        return [None if isinstance(a, BaseException) else a[0] for a in answers]
 
     # ---- one rollout -----------------------------------------------------------------------
 
@@ -87,13 +104,15 @@ class OPDCodingEnv(OPDBaseEnv):
             workspace.write_file(coding_prompt.TEST_FILE, task["test_code"])
             rollout = await run_agent(
                 tokenizer=self.tokenizer,
-                messages=coding_prompt.initial_messages(task["task"], self.system_prompt),
+                messages=coding_prompt.initial_messages(task["task"], self.system_prompt, task["test_code"] if self.cfg.show_tests else None),
                 toolbox=Toolbox(workspace_tools.TOOLS, workspace),
                 generate=self.generate,
                 limits=self.limits,
                 temperature=temperature,
                 top_p=self.top_p,
                 tracer=self.tracer,
+                fmt=self.chat_format,
+                parser=self.parser,
             )
             with self.tracer.span("task tests", "TOOL") as span:
                 tests = await rewards.run_task_tests(workspace, task["test_code"], replace(self.cfg.sandbox, timeout_s=self.reward_cfg.tests_timeout_s),
@@ -102,7 +121,11 @@ class OPDCodingEnv(OPDBaseEnv):
         finally:
             workspace.close()
         outcome = rewards.CodingOutcome(tests.level, rollout.turns_used, self.cfg.max_turns, tuple(rollout.tools_used))
-        return rollout, self.rubric.score(outcome), tests.level
+        scored = self.rubric.score(outcome)
+        if self.reward_cfg.clamp is not None:
+            low, high = self.reward_cfg.clamp
+            scored = Scored(min(high, max(low, scored.total)), scored.signals)
+        return rollout, scored, tests.level
 
     # ---- groups ----------------------------------------------------------------------------
 
@@ -139,6 +162,7 @@ class OPDCodingEnv(OPDBaseEnv):
         fields = await apply_opd(
             rollouts, tokenizer=self.tokenizer, tools=coding_prompt.TOOLS, chat=self.judge_chat, score=self.score_prompt,
             opd=self.cfg.opd, judge=self.judge_cfg, failures=self.failures, tracer=self.tracer, trace_roots=roots,
+            template_kwargs=self.chat_format.render_kwargs,
         )
         group["group_overrides"]["opd_wall_s"] = round(time.monotonic() - started, 3)
         group["distill_token_ids"] = fields["distill_token_ids"]
@@ -151,6 +175,8 @@ class OPDCodingEnv(OPDBaseEnv):
         n = len(details)
         metrics = {
             "accuracy": sum(d["tests"] == "pass" for d in details) / n,
+            # The reference's pass rate: rollouts whose correctness signal is at least 0.8.
+            "train/pass_rate": sum(d["reward_signals"]["correctness"] >= 0.8 for d in details) / n,
             "turns/mean": sum(d["turns"] for d in details) / n,
             "tool_use_rate": sum(bool(d["tools_used"]) for d in details) / n,
         }
@@ -165,7 +191,7 @@ class OPDCodingEnv(OPDBaseEnv):
         """One rollout of a held-out task, no OPD."""
         rollout, scored, tests = await self.rollout(item, temperature)
         transcript = "\n\n".join(f"[{m['role']}] {m['content']}" for m in rollout.messages[2:])
-        return ItemResult(tests == "pass", scored.total, {"turns_mean": float(rollout.turns_used)},
+        return ItemResult(tests == "pass", scored.total, {"turns_mean": float(rollout.turns_used), "pass_rate": float(scored.signals["correctness"] >= 0.8)},
                           prompt=item["task"], response=transcript, turns=rollout.turns_used)
 
     async def close(self) -> None:
@@ -191,9 +217,15 @@ def opd_metrics(group: dict[str, Any]) -> dict[str, float]:
         "opd/pairs_judged": float(len(judged)),
         "opd/judge_failures": float(sum(1 for t in records if not t["votes"] and t["error"])),
         "opd/votes_unparseable": float(sum(v is None for t in records for v in t["votes"])),
-        "opd/hint_rate": len(hinted) / len(judged) if judged else 0.0,
+        # Votes whose request failed after the pool's retries (a failed judging counts all its votes).
+        "opd/votes_failed": float(sum(t.get("votes_failed", 0) for t in records)),
+        # The reference's hint rate: the fraction of rollouts with at least one hint.
+        "opd/hint_rate": sum(any(t["hint"] for t in d["opd_turns"]) for d in group["overrides"]) / n,
+        # Hinted pairs per judged pair (this project's earlier opd/hint_rate).
+        "opd/pair_hint_rate": len(hinted) / len(judged) if judged else 0.0,
         "opd/hints_per_rollout": len(hinted) / n,
         "opd/turns_scored": float(sum(t["scored"] for t in records)),
+        "opd/mean_turns_scored": sum(t["scored"] for t in records) / n,
         "opd/scoring_failures": float(sum(1 for t in hinted if not t["scored"])),
         "opd/teacher_minus_student_lp": statistics.fmean(diffs) if diffs else 0.0,
     }

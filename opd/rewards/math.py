@@ -27,6 +27,8 @@ class MathOutcome:
     text: str  # the assistant turn's generated text, tool responses included
     tool_calls_run: int  # tool calls that were executed (well-formed, within the limit)
     answer_correct: bool  # the final answer verified against the reference
+    # Text that marks tool use after </think> (the format's call start and response marker).
+    tool_markers: tuple[str, ...] = ("<tool_call>", "<tool_response>")
 
 
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?")
@@ -75,4 +77,4 @@ def format_violation(outcome: MathOutcome, params: object = None) -> float:
     if end == -1:
         return 1.0
     after = outcome.text[end:]
-    return float("<tool_call>" in after or "<tool_response>" in after)
+    return float(any(marker in after for marker in outcome.tool_markers))

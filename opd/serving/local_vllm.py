@@ -86,6 +86,10 @@ class LocalVLLM:
         ]
         if s.tool_call_parser:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
+        if s.chat_template:
+            cmd += ["--chat-template", str(Path(s.chat_template).resolve())]
+        if s.reasoning_parser:
+            cmd += ["--reasoning-parser", s.reasoning_parser]
         if s.enforce_eager:
             cmd.append("--enforce-eager")
         return cmd + list(s.extra_args)

@@ -42,6 +42,15 @@ class TrainerSink(Sink):
         from opd.train.trainer import LocalTrainer
 
         self.trainer = await asyncio.to_thread(LocalTrainer, self.cfg, self.model_dir)
+        if self.cfg.refresh:
+            # The servers may hold other weights: a sweep's shared server keeps the last job's, an
+            # external one another run's. Every closed loop starts from the checkpoint it trains.
+            # A hub name is not a directory vLLM can reload from: the trainer's copy is saved first.
+            start = Path(self.model_dir)
+            if not start.is_dir():
+                start = await asyncio.to_thread(self.trainer.save, self.weights_dir)
+            seconds = await refresh(self.base_urls, start)
+            logger.info("served weights reset to the checkpoint %s in %.2f s", self.model_dir, seconds)
 
     async def write(self, written: Written) -> None:
         group = written.group

@@ -1,1 +1,2 @@
-"""Sweeps: the state jobs share (`state`) and the Hydra callback that sets it up (`callback`)."""
+"""Sweeps: the state jobs share (`state`), the Hydra callback that sets it up (`callback`), and how
+a job under Slurm stops when Slurm says so (`slurm`)."""

@@ -63,6 +63,9 @@ class SweepCallback(Callback):
         if typed.server.kind == "local" and typed.sweep.share_server:
             if "submitit" in launcher:
                 logger.warning("sweep.share_server: jobs on other machines cannot reach a loopback server; each job starts its own")
+            elif typed.trainer.kind == "local" and "joblib" in launcher:
+                # Each job's trainer reloads the served weights: jobs at once would train each other's.
+                logger.info("sweep.share_server: jobs with trainer=local run at once here, so each starts its own server")
             else:
                 self._start_server(typed, state)
         path = write_state(state)
@@ -74,11 +77,12 @@ class SweepCallback(Callback):
     def _open_parent(self, typed: Any, state: SweepState, overrides: list[str]) -> None:
         import mlflow
 
-        from opd.tracking.run import absolute_tracking_uri, ensure_experiment, system_tags
+        from opd.tracking.run import ensure_experiment, system_tags
+        from opd.tracking.store import absolute_tracking_uri, artifact_location
 
         uri = absolute_tracking_uri(typed.tracking.uri)
         self.client = mlflow.MlflowClient(uri)
-        experiment_id = ensure_experiment(self.client, typed.tracking.experiment, typed.tracking.artifact_root)
+        experiment_id = ensure_experiment(self.client, typed.tracking.experiment, artifact_location(uri, typed.tracking.artifact_root))
         sweep_dir = Path(state.sweep_dir)
         name = f"sweep {sweep_dir.parent.name}/{sweep_dir.name}"
         run = self.client.create_run(experiment_id, run_name=name, tags={

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "opd_sweep.json"
 # Server settings a job must share with the sweep's server to use it (max_logprobs may be lower).
-_SERVER_KEYS = ("model", "dtype", "max_model_len", "tool_call_parser", "cpu_kv_cache_gib", "enforce_eager", "extra_args", "environment")
+_SERVER_KEYS = ("model", "dtype", "max_model_len", "tool_call_parser", "reasoning_parser", "chat_template", "cpu_kv_cache_gib", "enforce_eager", "extra_args", "environment")
 
 
 @dataclass
@@ -115,6 +116,21 @@ class SweepJob:
 
     state: SweepState
     swept: dict[str, str]
+
+    def tags(self) -> dict[str, str]:
+        """The job run's sweep tags: the sweep dir, the swept keys, and the scheduler's job (Slurm)."""
+        return {"opd.sweep_dir": self.state.sweep_dir, "opd.swept": ",".join(self.swept), **scheduler_tags(os.environ)}
+
+
+def scheduler_tags(environ: Mapping[str, str]) -> dict[str, str]:
+    """`slurm.job_id` (`<array job>_<task>` for the array tasks hydra/launcher=slurm submits: the
+    id `squeue`, `sacct` and the `.submitit/<id>` log folder use) and `slurm.node` inside a Slurm
+    job; nothing elsewhere."""
+    if "SLURM_JOB_ID" not in environ:
+        return {}
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    job_id = f"{array}_{task}" if array and task else environ["SLURM_JOB_ID"]
+    return {"slurm.job_id": job_id, "slurm.node": environ.get("SLURMD_NODENAME", "")}
 
 
 def current_job() -> SweepJob | None:

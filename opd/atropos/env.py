@@ -1,0 +1,134 @@
+"""Our environments as atroposlib environments, for atroposlib's own `serve` and `process` commands.
+
+An Atropos user runs them as any Atropos environment, with this project's defaults:
+
+    python -m opd.atropos.inline_math serve --openai.base_url http://gpu-host:8000/v1 --openai.model_name Qwen/Qwen3-4B \
+        --env.tokenizer_name Qwen/Qwen3-4B --env.opd_overrides '["model=qwen3"]'
+    python -m opd.atropos.opd_coding process --env.total_steps 20 --env.data_path_to_save_groups data/coding.jsonl ...
+
+`config_init` composes our config tree (conf/) for the environment with `env.opd_overrides` (any
+Hydra overrides, e.g. `model=qwen3`) and gives atroposlib its values: the tokenizer, `group_size`,
+`total_steps`, the context length, the trainer API's address and back-pressure, and one server
+(`--openai.*`: address, model name, key, request slots). The environment built from them is ours
+(`opd.build`), over our request pool, reading atroposlib's `--env.*`/`--openai.*` values back as
+overrides; atroposlib drives it (its file writer, its trainer API client, its equal-score filter,
+`ensure_scores_are_not_same`, which its `process` turns off). The loop is atroposlib's, with its
+limits (`../shared/notes/atroposlib.md`); `python -m experiments.launch` runs ours.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from atroposlib.envs.base import BaseEnvConfig
+from atroposlib.envs.server_handling.server_baseline import APIServerConfig
+from pydantic import Field
+
+from opd import build
+from opd.config import Config, compose, validate
+from opd.serving.pool import ServerPool
+from opd.tracking.traces import Tracer
+
+logger = logging.getLogger(__name__)
+
+
+class OPDAtroposConfig(BaseEnvConfig):
+    """atroposlib's environment settings plus this project's own config as Hydra overrides."""
+
+    opd_overrides: list[str] = Field(default_factory=list, description="Hydra overrides of this project's config (conf/), e.g. [\"model=qwen3\"]")
+
+
+class _NoServerMetrics:
+    """atroposlib asks each server of its manager for wandb metrics; our pool keeps its own."""
+
+    async def wandb_metrics(self, metrics: dict[str, Any], name: str) -> dict[str, Any]:
+        return metrics
+
+
+class AtroposPool(ServerPool):
+    """Our request pool with what atroposlib's `BaseEnv` reads of its server manager."""
+
+    @property
+    def servers(self) -> list[_NoServerMetrics]:
+        return [_NoServerMetrics() for _ in self.clients]
+
+    async def update_weight(self, weight: float) -> None:
+        """The trainer API's share for this environment: our pool schedules by free slots instead."""
+
+
+def opd_config(env_name: str, overrides: list[str]) -> Config:
+    """Our config for `env_name` with `overrides` (composed and validated as a launch would)."""
+    return validate(compose([f"env={env_name}", *overrides]))
+
+
+def _quoted(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class AtroposEntry:
+    """Mixed in before one of our environment classes (see the module docstring)."""
+
+    opd_env: ClassVar[str]
+    env_config_cls = OPDAtroposConfig
+
+    @classmethod
+    def config_init(cls) -> tuple[OPDAtroposConfig, list[APIServerConfig]]:
+        """atroposlib's defaults for this environment: ours."""
+        cfg = opd_config(cls.opd_env, [])
+        model = build.resolve_model(cfg.server.model)
+        env_config = OPDAtroposConfig(
+            tokenizer_name=model,
+            group_size=cfg.group_size,
+            total_steps=cfg.total_steps,
+            max_token_length=cfg.server.max_model_len,
+            rollout_server_url=cfg.serve.rollout_server_url,
+            inference_weight=cfg.serve.weight,
+            max_batches_offpolicy=cfg.serve.max_batches_offpolicy,
+            # Groups (rollouts) in flight for one server's request slots.
+            max_num_workers=build.groups_in_flight(cfg, 1),
+            use_wandb=False,
+            wandb_name=cls.opd_env,
+            # atroposlib's default for inline_math (its `process` turns it off); opd_coding keeps
+            # equal-score groups: their teacher rows are data whatever the scores.
+            ensure_scores_are_not_same=cls.opd_env == "inline_math" and getattr(cfg.env, "drop_equal_scores", None) is not False,
+            include_messages=cls.opd_env == "opd_coding",
+        )
+        server = APIServerConfig(base_url="http://localhost:8000/v1", model_name=model, api_key=cfg.server.api_key,
+                                 num_max_requests_at_once=cfg.server.max_requests_in_flight, timeout=int(cfg.server.request_timeout_s))
+        return env_config, [server]
+
+    @classmethod
+    def opd_config_for(cls, config: OPDAtroposConfig, server_configs: list[APIServerConfig]) -> Config:
+        """Our config with atroposlib's values (`--env.*`, `--openai.*`) as overrides."""
+        first = server_configs[0]
+        urls = ",".join(_quoted(s.base_url) for s in server_configs)
+        return opd_config(cls.opd_env, [
+            "server=vllm", f"server.model={_quoted(first.model_name)}", f"server.base_urls=[{urls}]",
+            f"server.max_model_len={config.max_token_length}", f"server.api_key={_quoted(first.api_key or 'x')}",
+            f"server.max_requests_in_flight={first.num_max_requests_at_once}", f"server.request_timeout_s={float(first.timeout)}",
+            f"group_size={config.group_size}", f"total_steps={config.total_steps}", *config.opd_overrides,
+        ])
+
+    def __init__(self, config: OPDAtroposConfig, server_configs: Any, slurm: bool = False, testing: bool = False) -> None:
+        servers = server_configs if isinstance(server_configs, list) else [server_configs]
+        cfg = self.opd_config_for(config, servers)
+        pool = AtroposPool([c for c in build.server_pool(cfg, cfg.server.model, cfg.server.base_urls).clients],
+                           cfg.server.max_requests_in_flight, cfg.server.max_attempts)
+        args, kwargs = build.environment_arguments(cfg, build.load_data(cfg), config.tokenizer_name, pool, Tracer.off(), build.judge_pool(cfg))
+        # atroposlib filters equal-score groups itself (`ensure_scores_are_not_same`).
+        kwargs.pop("drop_equal_scores", None)
+        super().__init__(*args, atropos_config=config, **kwargs)  # type: ignore[call-arg]
+        self.opd_cfg = cfg
+        self._metrics: dict[str, float] = {}
+        logger.info("%s for atroposlib: %d server(s), model %s, overrides %s", self.opd_env, len(servers), cfg.server.model, config.opd_overrides)
+
+    async def collect_trajectories(self, item: Any) -> tuple[Any, list]:
+        group, backlog = await super().collect_trajectories(item)  # type: ignore[misc]
+        self._metrics = self.group_metrics(group)  # type: ignore[attr-defined]
+        return group, backlog
+
+    async def wandb_log(self, wandb_metrics: dict | None = None) -> None:
+        """atroposlib's wandb logging, with the last group's metrics (`reward/mean`, `opd/*`, ...)."""
+        metrics, self._metrics = {**self._metrics, **(wandb_metrics or {})}, {}
+        await super().wandb_log(metrics)  # type: ignore[misc]

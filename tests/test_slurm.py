@@ -1,0 +1,209 @@
+"""hydra/launcher=slurm for real: a reward-weight sweep submitted to a single-node Slurm cluster
+started on this machine (tests/slurm_cluster.py), found in MLflow and compared.
+
+The jobs run against the scripted server (opd/bench/scripted_server.py): what is under test is the
+way there (sbatch, array tasks, submitit's job folders, the venv's python on the node, the sweep
+state read from the sweep dir, the MLflow nesting), not inference. A job past its time limit and
+a cancelled job stop as opd/sweep/slurm.py promises: run KILLED, parent FAILED, the signal named.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from conftest import ROOT
+from slurm_cluster import SlurmCluster, SlurmRefused, start_cluster, unavailable
+
+
+def test_a_slurm_array_task_is_tagged_with_the_id_squeue_and_its_log_folder_use() -> None:
+    from opd.sweep.state import scheduler_tags
+
+    task = {"SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "6", "SLURM_ARRAY_TASK_ID": "1", "SLURMD_NODENAME": "n3"}
+    assert scheduler_tags(task) == {"slurm.job_id": "6_1", "slurm.node": "n3"}
+    assert scheduler_tags({"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n3"}) == {"slurm.job_id": "7", "slurm.node": "n3"}
+    assert scheduler_tags({"HOME": "/root"}) == {}
+
+
+def test_in_a_slurm_job_its_time_limit_signal_leaves_as_stopped_by_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opd.sweep.slurm import StoppedBySlurm, stopped_by_slurm
+
+    before = signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGTERM)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    with pytest.raises(StoppedBySlurm, match="Slurm sent SIGUSR2: its time limit is near") as caught:
+        with stopped_by_slurm():
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(5)  # the signal interrupts this
+    assert isinstance(caught.value.__cause__, KeyboardInterrupt)
+    assert (signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGTERM)) == before  # the job's own handlers come back
+    # Outside a Slurm job (a local or joblib sweep, a single run) the handlers are left alone.
+    monkeypatch.delenv("SUBMITIT_EXECUTOR")
+    with stopped_by_slurm():
+        assert (signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGTERM)) == before
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    try:
+        cluster = start_cluster()
+    except SlurmRefused as err:
+        pytest.skip(f"the kernel or container refused a Slurm daemon: {err}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+    assert not cluster.leftovers(), f"still running after the cluster stopped: {cluster.leftovers()}"
+
+
+@pytest.mark.slow
+def test_the_fixture_cluster_runs_a_job_in_its_partition(slurm: SlurmCluster, tmp_path: Path) -> None:
+    out = tmp_path / "hello.out"
+    job_id = slurm.command("sbatch", "--parsable", f"--partition={slurm.partition}", "--cpus-per-task=1", "--mem=100M", "--wait",
+                           f"--output={out}", "--wrap", "srun hostname", timeout=120).strip()
+    assert out.read_text().strip() == slurm.node
+    job = slurm.job(job_id)
+    assert (job["JobState"], job["Partition"], job["NodeList"]) == ("COMPLETED", slurm.partition, slurm.node)
+
+
+def _slurm_sweep(slurm: SlurmCluster, tmp_path: Path, fixture_model: str, url: str, args: list[str], timeout_min: int = 15,
+                 sweep_dir: str = "sweep") -> tuple[subprocess.CompletedProcess, str]:
+    """`python -m experiments.launch -m hydra/launcher=slurm ...` submitted to `slurm`, the jobs
+    served by the scripted server at `url`, MLflow and the sweep dir in tmp_path; (the finished launcher, its store)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**slurm.env, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env.pop("MLFLOW_RUN_ID", None)
+    proc = subprocess.run([
+        sys.executable, "-m", "experiments.launch", "-m", "hydra/launcher=slurm",
+        # The cluster's partition and sizes (the config's defaults are a real cluster's).
+        f"hydra.launcher.partition={slurm.partition}", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
+        f"hydra.launcher.timeout_min={timeout_min}", "runner.progress=false",
+        "server=vllm", f"server.model={fixture_model}", f"server.base_urls=[{url}]",
+        f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path / 'mlruns'}", f"hydra.sweep.dir={tmp_path}/{sweep_dir}", *args,
+    ], cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+    return proc, uri
+
+
+def _mlflow_runs(uri: str):
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=100)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = sorted((r for r in runs if "mlflow.parentRunId" in r.data.tags), key=lambda r: r.info.run_name)
+    return client, parents, children
+
+
+@pytest.mark.slow
+def test_a_reward_weight_sweep_runs_as_slurm_jobs_and_nests_in_mlflow(slurm: SlurmCluster, tmp_path: Path, fixture_model: str) -> None:
+    from experiments.bench import scripted_server
+    from opd.records import read_groups
+    from opd.sweep.state import read_state
+
+    with scripted_server(0.01) as url:
+        proc, uri = _slurm_sweep(slurm, tmp_path, fixture_model, url, [
+            "env=inline_math", "reward.weights.correct=0.5,1.0", "total_steps=2", "group_size=2",
+        ], sweep_dir="sweeps/${now:%H-%M-%S}")  # timestamped like the default: each job must find the launcher's
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (sweep_dir,) = (tmp_path / "sweeps").iterdir()
+
+    client, parents, children = _mlflow_runs(uri)
+    (parent,) = parents
+    assert parent.info.status == "FINISHED"
+    assert read_state(sweep_dir).parent_run_id == parent.info.run_id
+    assert (parent.data.tags["opd.swept"], parent.data.tags["opd.jobs"]) == ("reward.weights.correct", "2")
+    assert [c.info.run_name for c in children] == ["correct=0.5", "correct=1.0"]
+    array_ids = set()
+    for num, child in enumerate(children):
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.params["reward.weights.correct"] == ["0.5", "1.0"][num]
+        assert len(client.get_metric_history(child.info.run_id, "reward/mean")) == 2
+        assert "objective" in child.data.metrics
+        # Each job ran as a task of one Slurm array in the named partition, on the node, in a
+        # process of its own, and wrote its groups to its folder of the launcher's sweep dir.
+        job_id = child.data.tags["slurm.job_id"]
+        array_id, task = job_id.split("_")
+        array_ids.add(array_id)
+        job = slurm.job(job_id)
+        assert (job["JobState"], job["Partition"], job["NodeList"]) == ("COMPLETED", slurm.partition, slurm.node)
+        assert child.data.tags["slurm.node"] == slurm.node
+        assert child.data.tags["opd.pid"] != parent.data.tags["opd.launcher_pid"]
+        out = Path(child.data.tags["output_dir"])
+        assert out.parent == sweep_dir.resolve() and out.name == task
+        assert len(list(read_groups(out / "groups.jsonl"))) == 2
+        # submitit's job folder holds the job's log and result.
+        folder = sweep_dir / ".submitit" / job_id
+        assert (folder / f"{job_id}_0_result.pkl").exists()
+        logs = "".join((folder / f"{job_id}_0_log.{kind}").read_text() for kind in ("out", "err"))
+        assert f"MLflow run {child.info.run_id} ended FINISHED" in logs and "Job completed successfully" in logs
+    (array_id,) = array_ids
+    # The batch script runs the launcher's interpreter (the project's venv) on the node.
+    script = (sweep_dir / ".submitit" / array_id / f"{array_id}_submission.sh").read_text()
+    assert f"#SBATCH --partition={slurm.partition}" in script
+    assert f"{shlex.quote(sys.executable)} -u -m submitit.core._submit" in script
+
+    compare = subprocess.run([sys.executable, "-m", "experiments.compare", str(sweep_dir)], cwd=ROOT, env=slurm.env, capture_output=True, text=True, timeout=300)
+    assert compare.returncode == 0, compare.stderr[-2000:]
+    with (sweep_dir / "compare.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted(r["run"] for r in rows) == ["correct=0.5", "correct=1.0"] and {r["status"] for r in rows} == {"FINISHED"}
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "compare")}
+    assert logged == {"compare/compare.csv", "compare/compare.png"}
+
+
+@pytest.mark.slow
+def test_a_job_past_its_time_limit_stops_killed_with_its_groups_kept(slurm: SlurmCluster, tmp_path: Path, fixture_model: str) -> None:
+    # Slurm sends USR2 signal_delay_s before the limit (up to a minute early). 3 s per request and
+    # two groups in flight keep the job busy until then.
+    from experiments.bench import scripted_server
+    from opd.records import read_groups
+
+    with scripted_server(3.0) as url:
+        proc, uri = _slurm_sweep(slurm, tmp_path, fixture_model, url, [
+            "env=inline_math", "seed=0", "total_steps=500", "group_size=1", "runner.groups_in_flight=2", "hydra.launcher.signal_delay_s=60",
+        ], timeout_min=3)
+    assert proc.returncode != 0
+    assert "StoppedBySlurm: Slurm sent SIGUSR2: its time limit is near" in proc.stderr
+    _, parents, children = _mlflow_runs(uri)
+    assert [p.info.status for p in parents] == ["FAILED"]
+    (child,) = children
+    assert child.info.status == "KILLED"
+    assert slurm.job(child.data.tags["slurm.job_id"])["JobState"] == "COMPLETED"  # the job ended itself, before the limit
+    assert 0 < len(list(read_groups(tmp_path / "sweep" / "0" / "groups.jsonl"))) < 500
+
+
+@pytest.mark.slow
+def test_a_cancelled_job_stops_killed_and_the_launcher_says_so(slurm: SlurmCluster, tmp_path: Path, fixture_model: str) -> None:
+    from experiments.bench import scripted_server
+
+    with scripted_server(3.0) as url:
+        with ThreadPoolExecutor(1) as pool:
+            sweep = pool.submit(_slurm_sweep, slurm, tmp_path, fixture_model, url, [
+                "env=inline_math", "seed=0", "total_steps=500", "group_size=1", "runner.groups_in_flight=2",
+            ])
+            # Cancel once the job has written a group.
+            groups = tmp_path / "sweep" / "0" / "groups.jsonl"
+            deadline = time.monotonic() + 240
+            while not (groups.exists() and groups.stat().st_size > 0):
+                assert not sweep.done() and time.monotonic() < deadline, "the job wrote no group"
+                time.sleep(1)
+            slurm.command("scancel", "--partition", slurm.partition)
+            proc, uri = sweep.result(timeout=300)
+    assert proc.returncode != 0
+    assert "StoppedBySlurm: Slurm sent SIGTERM: it was cancelled" in proc.stderr
+    _, parents, children = _mlflow_runs(uri)
+    assert [p.info.status for p in parents] == ["FAILED"]
+    assert [c.info.status for c in children] == ["KILLED"]

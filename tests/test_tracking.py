@@ -1,0 +1,323 @@
+"""MLflow tracking: where a run goes (tracking.uri alone), the cheap store check, the run's
+lifetime in its own process, and a shared `mlflow server` that concurrent sweep jobs log to.
+All against MLflow's real stores: sqlite files and a real `mlflow server`."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from conftest import ROOT, compose
+from opd.config import ConfigError, validate
+from opd.tracking.run import RunInfo, TrackingFailed, open_run
+from opd.tracking.store import artifact_location, check_store
+
+FIXTURE = ROOT / "opd" / "fixture" / "model"
+
+
+def _tracking(*overrides: str):
+    return validate(compose(["tracking.experiment=tracking_test", *overrides])).tracking
+
+
+def _info(name: str = "run") -> RunInfo:
+    return RunInfo(name=name, parent_run_id=None, experiment_id=None, tags={"env": "test"}, swept={}, dataset=None)
+
+
+def _client(uri: str):
+    import mlflow
+
+    return mlflow.MlflowClient(uri)
+
+
+def _only_run(uri: str, experiment: str = "tracking_test"):
+    client = _client(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    return client, run
+
+
+# ---------------------------------------------------------------- where artifacts go
+
+def test_the_uri_alone_decides_where_artifacts_go(tmp_path: Path) -> None:
+    assert artifact_location(f"sqlite:///{tmp_path}/a/mlflow.db", None) == (tmp_path / "a" / "mlruns").as_uri()
+    assert artifact_location("http://mlflow.example:5000", None) is None  # the server's own (proxied) store
+    assert artifact_location("https://mlflow.example", None) is None
+    assert artifact_location(f"file://{tmp_path}/store", None) is None  # a file store keeps them in its root
+    # An explicit root wins; relative paths are made absolute, URIs kept.
+    assert artifact_location(f"sqlite:///{tmp_path}/a/mlflow.db", "s3://bucket/runs") == "s3://bucket/runs"
+    assert artifact_location("http://mlflow.example:5000", str(tmp_path / "chosen")) == (tmp_path / "chosen").as_uri()
+    with pytest.raises(ConfigError, match="tracking.artifact_root: a postgresql store holds no artifacts") as info:
+        artifact_location("postgresql://user@db/mlflow", None)
+    assert info.value.key == "tracking.artifact_root"
+    assert artifact_location("postgresql://user@db/mlflow", "s3://bucket/runs") == "s3://bucket/runs"
+
+
+def test_a_run_on_another_sqlite_file_keeps_its_artifacts_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    uri = f"sqlite:///{tmp_path}/elsewhere/mlflow.db"
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "groups.jsonl").write_text("{}\n")
+    with open_run(_tracking(f"tracking.uri={uri}"), out, {"a": {"b": 1}}, "a:\n  b: 1\n", _info()) as tracker:
+        tracker.log_metrics({"reward/mean": 0.5}, step=1)
+        tracker.log_artifact(out / "groups.jsonl", "data")
+    client, run = _only_run(uri)
+    assert run.info.status == "FINISHED" and run.data.params["a.b"] == "1" and run.data.metrics["reward/mean"] == 0.5
+    assert run.info.artifact_uri.startswith((tmp_path / "elsewhere" / "mlruns").as_uri())
+    stored = tmp_path / "elsewhere" / "mlruns" / run.info.run_id / "artifacts"  # as outputs/mlruns holds the default store's
+    assert (stored / "data" / "groups.jsonl").read_text() == "{}\n" and (stored / "config.yaml").exists()
+    assert not (tmp_path / "cwd" / "outputs").exists() and not (tmp_path / "cwd" / "mlruns").exists()
+
+
+def test_an_explicit_artifact_root_still_wins(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with open_run(_tracking(f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path / 'chosen'}"), tmp_path, {}, "", _info()):
+        pass
+    _, run = _only_run(uri)
+    assert run.info.artifact_uri.startswith((tmp_path / "chosen").as_uri())
+    assert (tmp_path / "chosen" / run.info.run_id / "artifacts" / "config.yaml").exists()
+    assert not (tmp_path / "mlruns").exists()
+
+
+# ---------------------------------------------------------------- the cheap check
+
+class _NotMlflow(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_error(404)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_bad_stores_are_refused_quickly_without_mlflow(tmp_path: Path) -> None:
+    not_a_db = tmp_path / "notes.db"
+    not_a_db.write_text("these are not the tables you are looking for" * 100)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotMlflow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cases = [
+            (f"sqlite:///{not_a_db}", "tracking.uri: cannot open the MLflow store"),
+            (f"http://127.0.0.1:{_free_port()}", "tracking.uri: cannot reach the MLflow server"),
+            (f"http://127.0.0.1:{server.server_port}", "answers, but not as an MLflow tracking server"),
+        ]
+        for uri, message in cases:
+            started = time.monotonic()
+            with pytest.raises(ConfigError, match=message) as info:
+                check_store(uri, None)
+            assert info.value.key == "tracking.uri" and time.monotonic() - started < 5, uri
+    finally:
+        server.shutdown()
+    check_store(f"sqlite:///{tmp_path}/new/mlflow.db", None)  # a new file in a new directory is fine
+    # The check needs no MLflow for sqlite and http(s) (importing it takes seconds).
+    probe = "import sys; from opd.tracking.store import check_store; check_store(sys.argv[1], None); print('mlflow' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", probe, f"sqlite:///{tmp_path}/mlflow.db"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "False", proc.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- the run's lifetime
+
+def test_nothing_is_sent_before_begin_and_everything_after(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, {"x": 1}, "x: 1\n", _info()) as tracker:
+        for step in range(1, 51):
+            tracker.log_metrics({"m": float(step)}, step=step)
+        assert tracker._process is None  # the run's requests go first: no MLflow process yet
+        assert not (tmp_path / "mlflow_run.json").exists()
+        tracker.begin()
+        run_id = tracker.run_id
+        assert (tmp_path / "mlflow_run.json").read_text().count(run_id) == 1
+    client, run = _only_run(uri)
+    assert run.info.run_id == run_id and run.info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "m")] == [(s, float(s)) for s in range(1, 51)]
+    assert tracker._process is not None and tracker._process.returncode == 0
+
+
+def test_a_failing_block_ends_failed_and_ctrl_c_ends_killed(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with pytest.raises(ValueError):
+        with open_run(_tracking(f"tracking.uri={uri}", "tracking.run_name=failing"), tmp_path, {}, "", _info("failing")):
+            raise ValueError("the run's own error")
+    with pytest.raises(KeyboardInterrupt):
+        with open_run(_tracking(f"tracking.uri={uri}", "tracking.run_name=killed"), tmp_path, {}, "", _info("killed")) as tracker:
+            tracker.begin()
+            raise KeyboardInterrupt
+    client = _client(uri)
+    runs = client.search_runs([client.get_experiment_by_name("tracking_test").experiment_id])
+    assert {r.info.run_name: r.info.status for r in runs} == {"failing": "FAILED", "killed": "KILLED"}
+
+
+def test_a_store_that_fails_after_the_check_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # the tracking process's directory too
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = _client(uri)
+    client.delete_experiment(client.create_experiment("tracking_test"))  # runs cannot start in it
+    with pytest.raises(ConfigError, match="tracking.uri: cannot open the MLflow store") as info:
+        with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, {}, "", _info(), begin=True) as tracker:
+            with pytest.raises(ConfigError):
+                tracker.run_id  # noqa: B018 - waits for the opening
+            tracker.log_metrics({"m": 1.0}, step=1)  # the next call raises it again
+    assert "deleted" in str(info.value) or "active" in str(info.value)
+    # The calls queued behind the failed opening were refused, not made in a run of MLflow's own
+    # (the Default experiment, artifacts in ./mlruns of the current directory).
+    assert client.search_runs(["0"]) == [] and not (tmp_path / "cwd" / "mlruns").exists()
+
+
+def test_a_failed_call_fails_the_run_at_its_next_call(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with pytest.raises(TrackingFailed, match="log_artifact"):
+        with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, {}, "", _info(), begin=True) as tracker:
+            tracker.log_artifact(tmp_path / "no-such-file.txt")
+    _, run = _only_run(uri)
+    assert run.info.status == "FAILED"
+
+
+KILLED_RUN = """
+import os, signal, sys, time
+from pathlib import Path
+from opd.config import compose, validate
+from opd.tracking.run import RunInfo, open_run
+
+out = Path(sys.argv[1])
+tracking = validate(compose([f"output_dir={out}", f"tracking.uri=sqlite:///{out}/mlflow.db", "tracking.experiment=tracking_test"])).tracking
+with open_run(tracking, out, {"x": 1}, "x: 1\\n", RunInfo("killed", None, None, {}, {}, None), begin=True) as tracker:
+    for step in range(1, 6):
+        tracker.log_metrics({"m": float(step)}, step=step)
+    time.sleep(0.5)  # the calls are in the pipe, the MLflow process is still importing
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_runs_tracking_process_still_records_the_run_for_resume(tmp_path: Path) -> None:
+    from opd.tracking.run import previous_run_id
+
+    proc = subprocess.run([sys.executable, "-c", KILLED_RUN, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    run_id = previous_run_id(tmp_path)  # waits for the orphaned tracking process to finish
+    assert run_id is not None
+    client, run = _only_run(f"sqlite:///{tmp_path}/mlflow.db")
+    assert run.info.run_id == run_id and run.info.status == "RUNNING"  # nothing could close it; resume continues it
+    assert [m.step for m in client.get_metric_history(run_id, "m")] == [1, 2, 3, 4, 5]
+
+
+# ---------------------------------------------------------------- a shared MLflow server
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A real `mlflow server` (sqlite backend, artifacts served from its own directory) on a free
+    port; its URL and directory. Stopped (its whole process group) afterwards."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    log = (root / "server.log").open("w")
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "2"],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, (root / "server.log").read_text()[-3000:]
+                time.sleep(0.5)
+        yield url, root
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+@pytest.mark.slow
+def test_a_run_on_a_server_uses_the_servers_artifact_store(mlflow_server, tmp_path: Path) -> None:
+    url, root = mlflow_server
+    (tmp_path / "notes.txt").write_text("kept by the server")
+    with open_run(_tracking(f"tracking.uri={url}", "tracking.experiment=server_store"), tmp_path, {"x": 1}, "x: 1\n", _info()) as tracker:
+        tracker.log_artifact(tmp_path / "notes.txt", "data")
+    client, run = _only_run(url, "server_store")
+    assert client.get_experiment(run.info.experiment_id).artifact_location.startswith("mlflow-artifacts:")
+    assert (root / "artifacts" / run.info.experiment_id / run.info.run_id / "artifacts" / "data" / "notes.txt").read_text() == "kept by the server"
+    assert not list((ROOT / "outputs").glob(f"mlruns/*/{run.info.run_id}"))
+
+
+@pytest.mark.slow
+def test_concurrent_sweep_jobs_lose_nothing_on_a_shared_server(mlflow_server, tmp_path: Path) -> None:
+    """A joblib sweep, two jobs in two processes logging at once to the server (tracking.uri only),
+    against the scripted inference server (inference behaviour does not matter here)."""
+    import json
+
+    from experiments.bench import scripted_server
+
+    url, root = mlflow_server
+    # One group at a time, 1 s per request: each job logs over 12+ s, so the two jobs log at once
+    # even when one of them starts seconds later (the machine is shared).
+    steps, sweep_dir = 12, tmp_path / "sweep"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env.pop("MLFLOW_RUN_ID", None)
+    with scripted_server(1.0) as infer:
+        proc = subprocess.run([
+            sys.executable, "-m", "experiments.launch", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "env=inline_math",
+            "server=vllm", f"server.model={FIXTURE}", f"server.base_urls=[{infer}]", "group_size=2", f"total_steps={steps}", "runner.groups_in_flight=1", "seed=0,1",
+            "runner.progress=false", f"tracking.uri={url}", "tracking.experiment=shared_sweep", f"hydra.sweep.dir={sweep_dir}",
+        ], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = _client(url)
+    experiment = client.get_experiment_by_name("shared_sweep")
+    assert experiment.artifact_location.startswith("mlflow-artifacts:")
+    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and parents[0].data.tags["opd.jobs"] == "2"
+    assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children)
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    assert {c.data.params["seed"] for c in children} == {"0", "1"}
+    assert len({c.data.tags["opd.pid"] for c in children}) == 2  # two processes
+    # They logged at once: the two runs, and the times their per-group metrics were logged, overlap.
+    assert max(c.info.start_time for c in children) < min(c.info.end_time for c in children)
+    logged = [[m.timestamp for m in client.get_metric_history(c.info.run_id, "reward/mean")] for c in children]
+    assert max(min(t) for t in logged) < min(max(t) for t in logged)
+    for child in children:
+        run_id, out = child.info.run_id, Path(child.data.tags["output_dir"])
+        groups = [json.loads(line) for line in (out / "groups.jsonl").read_text().splitlines()]
+        assert len(groups) == steps
+        # Every per-group metric arrived at every step, with the values of the groups on disk.
+        per_group = [key for key in child.data.metrics if not key.startswith("summary/") and key != "objective"]
+        assert "reward/mean" in per_group and "accuracy" in per_group
+        for key in per_group:
+            assert [m.step for m in client.get_metric_history(run_id, key)] == list(range(1, steps + 1)), key
+        means = [m.value for m in client.get_metric_history(run_id, "reward/mean")]
+        assert means == pytest.approx([sum(g["scores"]) / len(g["scores"]) for g in groups])
+        assert child.data.metrics["summary/groups_written"] == steps
+        # Every artifact arrived, through the server into its own store, byte for byte.
+        listed = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "data")}
+        assert {"config.yaml", "data/groups.jsonl", "data/groups.html"} <= listed
+        stored = root / "artifacts" / experiment.experiment_id / run_id / "artifacts"
+        assert (stored / "data" / "groups.jsonl").read_bytes() == (out / "groups.jsonl").read_bytes()
+        assert Path(client.download_artifacts(run_id, "data/groups.html", str(tmp_path))).read_bytes() == (out / "groups.html").read_bytes()
+        assert len(child.data.params) > 50 and child.inputs.dataset_inputs
+        assert not list((ROOT / "outputs").glob(f"mlruns/*/{run_id}"))
