@@ -507,6 +507,26 @@ class ServeConfig:
 
 
 @dataclass
+class RayConfig:
+    """runner.workers > 1: the Ray cluster the environment workers run on (conf/runner/default.yaml)."""
+
+    address: Optional[str] = MISSING
+    num_cpus: Optional[int] = MISSING
+    cpus_per_worker: float = MISSING
+    object_store_mb: int = MISSING
+    startup_timeout_s: float = MISSING
+    max_restarts: int = MISSING
+
+    def __post_init__(self) -> None:
+        if self.num_cpus is not None:
+            _at_least("runner.ray.num_cpus", self.num_cpus, 1)
+        _check(self.cpus_per_worker > 0, "runner.ray.cpus_per_worker", "> 0", self.cpus_per_worker)
+        _at_least("runner.ray.object_store_mb", self.object_store_mb, 75)  # Ray's own minimum
+        _check(self.startup_timeout_s > 0, "runner.ray.startup_timeout_s", "> 0", self.startup_timeout_s)
+        _at_least("runner.ray.max_restarts", self.max_restarts, 0)
+
+
+@dataclass
 class RunnerConfig:
     """The generation loop (conf/runner/default.yaml)."""
 
@@ -518,8 +538,11 @@ class RunnerConfig:
     max_dropped_groups: Optional[int] = MISSING
     progress: bool = MISSING
     fsync: bool = MISSING
+    workers: int = MISSING
+    ray: RayConfig = MISSING
 
     def __post_init__(self) -> None:
+        _at_least("runner.workers", self.workers, 1)
         if self.groups_in_flight is not None:
             _at_least("runner.groups_in_flight", self.groups_in_flight, 1)
         _check(self.oversubscribe >= 1, "runner.oversubscribe", ">= 1", self.oversubscribe)
@@ -636,6 +659,10 @@ class Config:
             f">= distill_topk ({self.distill_topk})",
             self.server.max_logprobs,
         )
+        if self.runner.workers > 1:
+            # Each worker gets a share of every server's request slots; a worker without one would idle.
+            _check(self.server.max_requests_in_flight >= self.runner.workers, "runner.workers",
+                   f"<= server.max_requests_in_flight ({self.server.max_requests_in_flight}; each worker needs a request slot)", self.runner.workers)
         if self.trainer.kind == "local":
             _check(self.mode == "train", "trainer", "used with mode=train (trainer=local trains on the groups it writes)", f"trainer={self.trainer.kind}, mode={self.mode}")
             _check(self.env.name == "opd_coding" or self.trainer.loss.pg > 0, "trainer.loss.pg",

@@ -119,8 +119,13 @@ def run_experiment(cfg: Config, job: SweepJob | None = None) -> float:
             summary, history = run_loop(_evaluate(env, watch, build.evaluator(cfg, env, concurrency, tracker)), cfg.runner.uvloop), {}
         else:
             sinks = build.sinks(cfg, env, model, urls, tracker, concurrency)
-            stats = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups), cfg.runner.uvloop)
-            summary, history = summarize(stats, sinks, env, watch), stats.history
+            workers = None
+            if cfg.runner.workers > 1:  # environment workers on Ray; the sinks stay here
+                from opd.distributed.source import environment_workers
+
+                workers = stack.enter_context(environment_workers(cfg, data, model, urls))
+            stats, extra = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups, workers), cfg.runner.uvloop)
+            summary, history = {**summarize(stats, sinks, env, watch), **extra}, stats.history
             logger.info("wrote %d groups to %s in %.1f s (%d failed)", stats.written, out / GROUPS_FILE, stats.elapsed, stats.failed)
         objective_name = cfg.sweep.objective or default_objective(cfg)
         objective = objective_of(objective_name, summary, history)
@@ -131,9 +136,16 @@ def run_experiment(cfg: Config, job: SweepJob | None = None) -> float:
         return objective
 
 
-async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: ServerWatch, groups: int, kept: list[dict[str, Any]]) -> RunStats:
-    """Open the sinks, run the generation loop, close everything (sinks learn the final status)."""
+async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: ServerWatch, groups: int, kept: list[dict[str, Any]],
+                    workers: list[Any] | None = None) -> tuple[RunStats, dict[str, float]]:
+    """Open the sinks, run the generation loop (on `workers` when given), close everything (sinks
+    learn the final status); the runner's statistics and the workers' `summary/*`."""
     status = "FAILED"
+    source: Any = env
+    if workers is not None:
+        from opd.distributed.source import WorkerSource
+
+        source = WorkerSource(env, workers, cfg.runner.ray.startup_timeout_s)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(env.close)
         await watch.check()  # a server that is down at the start: wait (bounded) or fail clearly
@@ -144,11 +156,11 @@ async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: Serv
         try:
             max_dropped = cfg.runner.max_dropped_groups if cfg.runner.max_dropped_groups is not None else 10 * cfg.total_steps
             limits = RunnerLimits(groups, cfg.runner.max_attempts_per_item, cfg.runner.max_failed_groups, max_dropped)
-            runner = Runner(env, sinks, cfg.total_steps, limits, on_failure=watch.check, progress=cfg.runner.progress, kept=kept,
+            runner = Runner(source, sinks, cfg.total_steps, limits, on_failure=watch.check, progress=cfg.runner.progress, kept=kept,
                             drop=env.drop_reason)
             stats = await runner.run()
             status = "FINISHED"
-            return stats
+            return stats, (await source.summary() if workers is not None else {})
         except (KeyboardInterrupt, asyncio.CancelledError):
             status = "KILLED"
             raise

@@ -22,6 +22,7 @@ LAYERS = [
     ["opd.runner"],
     ["opd.sweep.state", "opd.fixture"],
     ["opd.build"],
+    ["opd.distributed"],
     ["opd.run", "opd.atropos"],
     ["opd.sweep.callback"],
     ["opd.bench", "experiments"],

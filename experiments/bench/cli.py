@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="startup: the checkout whose launcher is timed (a worktree of another commit gives a before/after)")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run's config, e.g. runner.oversubscribe=2")
+    parser.add_argument("--workers", default="1", help="overhead: environment processes to compare, e.g. 1,2 (above 1 on a local Ray cluster)")
+    parser.add_argument("--latency", type=float, action="append", help="overhead: seconds per request (repeatable; default 0.1 and 1)")
+    parser.add_argument("--in-flight", type=int, action="append", help="overhead: request limits (repeatable; default 1, 8, 32, 128)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -61,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
 
         context["timed_commit"] = git_commit(args.root)[:12]
     for name in (list(BENCHES) if args.name == "all" else [args.name]):
-        kwargs = {"embedded": args.embedded, "root": args.root.resolve()} if name == "startup" else {}
+        kwargs: dict[str, Any] = {"embedded": args.embedded, "root": args.root.resolve()} if name == "startup" else {}
+        if name == "overhead":
+            kwargs["workers"] = tuple(int(w) for w in args.workers.split(","))
+            if args.latency:
+                kwargs["latencies"] = tuple(args.latency)
+            if args.in_flight:
+                kwargs["limits"] = tuple(args.in_flight)
         with open(args.out / f"{name}.jsonl", "a", encoding="utf-8") as log:
             for result in BENCHES[name](args.repeats, overrides=tuple(args.set), **kwargs):
                 line = json.dumps({**result, **context}, default=float)

@@ -62,7 +62,11 @@ def scripted_server(latency_s: float, fail_every: int = 0) -> Iterator[str]:
         yield url
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a loaded machine: its shutdown can take longer
+            proc.kill()
+            proc.wait()
         log.close()
 
 
@@ -75,9 +79,11 @@ def environment(cfg: Any, url: str) -> Any:
     return build.environment(cfg, build.load_data(cfg), model, build.server_pool(cfg, model, [url]), Tracer.off(), build.judge_pool(cfg))
 
 
-async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path) -> dict[str, Any]:
-    """Write `rollouts` / group_size groups through the real runner; wall and CPU time, and when
-    each group was written (`written_at`, monotonic)."""
+async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path, workers: list[Any] | None = None) -> dict[str, Any]:
+    """Write `rollouts` / group_size groups through the real runner (on Ray environment `workers`
+    when given: `opd.distributed`); wall and this process's CPU time (with workers, theirs too:
+    `workers_cpu_s`), and when each group was written (`written_at`, monotonic). Neither counts
+    math-verify's worker processes."""
     from opd import build
     from opd.runner import Runner, RunnerLimits
     from opd.sinks.base import Sink, Written
@@ -95,14 +101,29 @@ async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path) -> di
     groups = build.groups_in_flight(cfg, 1)
     stamps, file = Stamps(), GroupFile(path)
     await file.open()
+    workers_cpu0 = await workers_cpu_s(workers) if workers is not None else 0.0
     cpu0 = time.process_time()
     try:
-        stats = await Runner(env, [file, stamps], rollouts // cfg.group_size, RunnerLimits(groups, 1, 0), progress=False).run()
+        source: Any = env
+        if workers is not None:
+            from opd.distributed.source import WorkerSource
+
+            source = WorkerSource(env, workers, cfg.runner.ray.startup_timeout_s)
+        stats = await Runner(source, [file, stamps], rollouts // cfg.group_size, RunnerLimits(groups, 1, 0), progress=False).run()
     finally:
         await file.close("FINISHED")
         await env.close()
-    return {"wall_s": stats.elapsed, "cpu_s": time.process_time() - cpu0, "rollouts": stats.written * cfg.group_size,
+    cpu_s = time.process_time() - cpu0
+    workers_cpu = await workers_cpu_s(workers) - workers_cpu0 if workers is not None else 0.0
+    return {"wall_s": stats.elapsed, "cpu_s": cpu_s, "workers_cpu_s": workers_cpu, "rollouts": stats.written * cfg.group_size,
             "written_at": stamps.at, "groups_in_flight": groups}
+
+
+async def workers_cpu_s(workers: list[Any]) -> float:
+    """The CPU seconds the environment workers' processes have used so far, together."""
+    import asyncio
+
+    return sum(stats["cpu_s"] for stats in await asyncio.gather(*(w.actor.stats.remote() for w in workers)))
 
 
 def embedded_vllm(workdir: Path, overrides: list[str] | None = None) -> Any:

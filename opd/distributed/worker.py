@@ -1,0 +1,69 @@
+"""One environment worker: a Ray actor that builds the run's environment in its own process and
+generates the groups the driver asks for.
+
+Each worker has its own event loop (Ray's for async actors: uvloop unless `runner.uvloop=false`),
+its own sandboxes, and its share of every server's request slots (`slot_share`): the workers
+together never hold more than `server.max_requests_in_flight` requests per server. It gets the
+dataset and the config from the driver, so nothing is read again on another node. It writes
+nothing: groups go back to the driver, which checks and writes them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from dataclasses import replace
+from typing import Any
+
+from opd.config import Config
+from opd.data.sources import TaskSet
+
+logger = logging.getLogger(__name__)
+
+
+def slot_share(slots: int, workers: int, index: int) -> int:
+    """Worker `index`'s share of `slots` request slots: equal, the first ones get the remainder."""
+    if not 0 <= index < workers or slots < workers:
+        raise ValueError(f"slot_share needs 0 <= index < workers <= slots (got index {index}, {workers} workers, {slots} slots)")
+    return slots // workers + (1 if index < slots % workers else 0)
+
+
+class EnvWorker:
+    """The actor (created with `ray.remote(EnvWorker)`): see the module docstring."""
+
+    def __init__(self, cfg: Config, data: TaskSet, model: str, base_urls: list[str], index: int, workers: int) -> None:
+        from opd import build
+        from opd.tracking.traces import Tracer
+
+        self.index = index
+        self.slots = slot_share(cfg.server.max_requests_in_flight, workers, index)
+        cfg = copy.copy(cfg)  # not replace(): the root's checks would see a share below runner.workers
+        cfg.server = replace(cfg.server, max_requests_in_flight=self.slots)
+        judge = build.judge_pool(cfg)
+        self.env = build.environment(cfg, data, model, build.server_pool(cfg, model, base_urls), Tracer.off(), judge)
+        self.ready = False
+        logger.info("environment worker %d (pid %d): %s, %d request slots per server", index, os.getpid(), cfg.env.name, self.slots)
+
+    async def ping(self) -> int:
+        """The worker's process id, once its environment is set up."""
+        if not self.ready:
+            await self.env.setup()
+            self.ready = True
+        return os.getpid()
+
+    async def collect(self, item: dict[str, Any], weight_version: int) -> dict[str, Any]:
+        """One group of `item`, recording `weight_version` (the driver's, which a trainer raises)."""
+        self.env.weight_version = weight_version
+        group, _ = await self.env.collect_trajectories(item)
+        return dict(group)
+
+    def stats(self) -> dict[str, float]:
+        """What the summary adds up over workers, and this process's CPU seconds so far (the
+        overhead bench's cost per rollout in the workers)."""
+        return {"request_errors": float(self.env.server.request_errors), "request_retries": float(self.env.server.retries),
+                "cpu_s": time.process_time()}
+
+    async def close(self) -> None:
+        await self.env.close()

@@ -1,0 +1,397 @@
+"""Environment workers on a real Ray cluster (runner.workers=2), against the scripted server.
+
+Most tests join one small cluster started for this module (through RAY_ADDRESS, as a user joins
+theirs); the driver-kill test lets the run start its own local cluster, as a plain launch does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from conftest import ROOT, compose
+from opd.config import ConfigError, validate
+from opd.distributed.worker import slot_share
+from opd.records import check_group, read_groups
+
+FIXTURE = ROOT / "opd" / "fixture" / "model"
+
+
+def test_every_worker_gets_a_share_of_the_request_slots() -> None:
+    assert [slot_share(8, 3, i) for i in range(3)] == [3, 3, 2]
+    assert sum(slot_share(33, 4, i) for i in range(4)) == 33
+    with pytest.raises(ValueError, match="workers <= slots"):
+        slot_share(2, 3, 0)
+
+
+def test_more_workers_than_request_slots_is_refused_naming_the_keys() -> None:
+    with pytest.raises(ConfigError, match=r"runner.workers must be <= server.max_requests_in_flight \(4"):
+        validate(compose(["runner.workers=5", "server.max_requests_in_flight=4"]))
+    with pytest.raises(ConfigError, match="runner.ray.object_store_mb must be >= 75"):
+        validate(compose(["runner.ray.object_store_mb=10"]))
+
+
+# ---------------------------------------------------------------- the real cluster
+
+CLUSTER = """
+import signal, sys, time, ray
+ray.init(address="local", num_cpus=2, num_gpus=0, include_dashboard=False, object_store_memory=128 * 2**20, _temp_dir=sys.argv[1])
+print(ray.get_runtime_context().gcs_address, flush=True)
+signal.signal(signal.SIGTERM, lambda *_: (ray.shutdown(), sys.exit(0)))
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A 2-CPU local Ray cluster in its own process (stopped with it); yields its address."""
+    import tempfile
+
+    temp_dir = tempfile.mkdtemp(prefix="opd-ray-test-")  # short: Ray's unix sockets live there
+    proc = subprocess.Popen([sys.executable, "-c", CLUSTER, temp_dir], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        address = proc.stdout.readline().strip()
+        assert address and proc.poll() is None, "the test's Ray cluster did not start"
+        yield address
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        subprocess.run(["rm", "-rf", temp_dir], check=False)
+
+
+@pytest.fixture(scope="module")
+def scripted_url() -> Iterator[str]:
+    from experiments.bench.common import scripted_server
+
+    with scripted_server(0.05) as url:
+        yield url
+
+
+def _args(tmp_path: Path, url: str, steps: int, extra: list[str] = ()) -> list[str]:
+    return [
+        "env=inline_math", "server=vllm", f"server.model={FIXTURE}", f"server.base_urls=[{url}]", "server.max_requests_in_flight=8",
+        "group_size=2", f"total_steps={steps}", "runner.workers=2", "runner.ray.cpus_per_worker=0.5", "runner.progress=false",
+        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"tracking.artifact_root={tmp_path / 'mlruns'}", *extra,
+    ]
+
+
+def _join(monkeypatch: pytest.MonkeyPatch, address: str) -> None:
+    """Join the module's cluster as a user joins theirs: its address, and its token (Ray keeps a
+    local cluster's in ~/.ray/auth_token; a client uses it only with RAY_AUTH_MODE=token)."""
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+
+
+def _launch(tmp_path: Path, url: str, steps: int, extra: list[str] = ()) -> float:
+    from experiments.launch import launch
+
+    return launch(compose([*_args(tmp_path, url, steps, extra), f"output_dir={tmp_path / 'run'}"]))
+
+
+def _run(tmp_path: Path):
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("inline_math").experiment_id])
+    return client, run
+
+
+def _assert_one_valid_file(path: Path, steps: int) -> list[dict]:
+    """Exactly `steps` groups, each valid, no item twice, and the checker agrees."""
+    groups = list(read_groups(path))
+    assert len(groups) == steps
+    assert all(not check_group(g) for g in groups)
+    items = [g["group_overrides"]["item_id"] for g in groups]
+    assert len(set(items)) == steps, f"an item was written twice: {items}"
+    check = subprocess.run([sys.executable, "-m", "opd.records", "check", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0 and f"{steps} groups, 0 problems" in check.stdout + check.stderr, check.stdout + check.stderr
+    return groups
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _env_workers(root: int) -> list[int]:
+    return [pid for pid in _descendants(root) if _cmdline(pid).startswith("ray::EnvWorker")]
+
+
+def _lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+@pytest.mark.slow
+def test_two_workers_write_one_valid_file_and_one_mlflow_run(tmp_path: Path, scripted_url: str, ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _join(monkeypatch, ray_address)
+    _launch(tmp_path, scripted_url, 16)
+    _assert_one_valid_file(tmp_path / "run" / "groups.jsonl", 16)
+    client, run = _run(tmp_path)
+    metrics = run.data.metrics
+    assert run.info.status == "FINISHED"
+    assert metrics["summary/groups_written"] == 16 and metrics["summary/workers"] == 2
+    # Both workers generated; the driver wrote every group, at steps 1..16.
+    assert metrics["summary/worker_0_groups"] > 0 and metrics["summary/worker_1_groups"] > 0
+    assert metrics["summary/worker_0_groups"] + metrics["summary/worker_1_groups"] == 16
+    assert metrics["summary/worker_groups_lost"] == 0
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")) == list(range(1, 17))
+
+
+@pytest.mark.slow
+def test_a_killed_worker_loses_only_its_groups_in_flight(tmp_path: Path, scripted_url: str, ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _join(monkeypatch, ray_address)
+    groups_path = tmp_path / "run" / "groups.jsonl"
+    killed: list[int] = []
+
+    def kill_one() -> None:
+        deadline = time.monotonic() + 300
+        while _lines(groups_path) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        workers = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if _cmdline(pid).startswith("ray::EnvWorker") and _in_test_cluster(pid)]
+        if workers:
+            os.kill(workers[0], signal.SIGKILL)
+            killed.append(workers[0])
+
+    thread = threading.Thread(target=kill_one, daemon=True)
+    thread.start()
+    _launch(tmp_path, scripted_url, 40, ["runner.ray.max_restarts=0"])
+    thread.join()
+    assert killed, "no worker to kill was found"
+    _assert_one_valid_file(groups_path, 40)
+    _, run = _run(tmp_path)
+    metrics = run.data.metrics
+    assert run.info.status == "FINISHED"
+    assert metrics["summary/workers_lost"] == 1
+    # Its groups in flight were lost, counted and redone on the other worker; none was given up.
+    assert metrics["summary/worker_groups_lost"] >= 1
+    assert metrics["summary/groups_failed"] == 0 and metrics["summary/items_given_up"] == 0
+    assert metrics["runner/worker_groups_lost"] == metrics["summary/worker_groups_lost"]  # the per-group history has it too
+
+
+def _in_test_cluster(pid: int) -> bool:
+    """Is `pid` a worker of the module's cluster (not of someone else's Ray on this machine)?"""
+    try:
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return False
+    return "raylet" in _cmdline(ppid) and "opd-ray-test-" in _cmdline(ppid)
+
+
+def _subprocess_launch(tmp_path: Path, url: str, steps: int, extra: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)  # a local cluster of the run's own
+    cmd = [sys.executable, "-m", "experiments.launch", *_args(tmp_path, url, steps, extra), f"hydra.run.dir={tmp_path / 'run'}"]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr.log").open("a"))
+
+
+@pytest.mark.slow
+def test_resume_after_the_driver_is_killed_takes_its_ray_cluster_down(tmp_path: Path, scripted_url: str) -> None:
+    import glob
+    import shutil
+
+    drivers: list[int] = []
+    try:
+        _kill_driver_and_resume(tmp_path, scripted_url, drivers)
+    finally:  # the killed driver could not remove its cluster's folder (Ray names the session by its pid)
+        for session in (s for pid in drivers for s in glob.glob(f"/tmp/opd-ray-*/session_*_{pid}")):
+            shutil.rmtree(Path(session).parent, ignore_errors=True)
+
+
+def _kill_driver_and_resume(tmp_path: Path, scripted_url: str, drivers: list[int]) -> None:
+    groups_path = tmp_path / "run" / "groups.jsonl"
+    # Slow groups (many tool-free rollouts at 50 ms, 4 slots) so the kill lands mid-run.
+    proc = _subprocess_launch(tmp_path, scripted_url, 24, ["server.max_requests_in_flight=4", "runner.ray.max_restarts=0"])
+    drivers.append(proc.pid)
+    deadline = time.monotonic() + 600
+    while _lines(groups_path) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()[-3000:]
+        time.sleep(0.02)
+    workers = _env_workers(proc.pid)
+    assert len(workers) == 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # The workers (and the local cluster) die with the driver.
+    deadline = time.monotonic() + 60
+    while any(_cmdline(pid).startswith("ray::EnvWorker") for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_cmdline(pid).startswith("ray::EnvWorker") for pid in workers), "environment workers outlived their driver"
+    data = groups_path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1].decode().splitlines()
+    assert 3 <= len(complete) < 24
+    client, run = _run(tmp_path)
+    run_id = run.info.run_id
+
+    proc = _subprocess_launch(tmp_path, scripted_url, 24, ["server.max_requests_in_flight=4", "resume=true"])
+    assert proc.wait(timeout=900) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
+    groups = _assert_one_valid_file(groups_path, 24)
+    assert [json.loads(line) for line in complete] == groups[: len(complete)]  # kept as they were
+    client, run = _run(tmp_path)
+    assert run.info.run_id == run_id and run.info.status == "FINISHED"
+    assert run.data.metrics["summary/groups_written"] == 24 and run.data.metrics["summary/workers"] == 2
+
+
+@pytest.mark.slow
+def test_one_worker_runs_without_ray(tmp_path: Path, scripted_url: str) -> None:
+    overrides = [*_args(tmp_path, scripted_url, 4, ["runner.workers=1"]), f"output_dir={tmp_path / 'run'}"]
+    code = (
+        "import sys\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from conftest import compose\n"
+        "from experiments.launch import launch\n"
+        f"launch(compose({overrides!r}))\n"
+        "assert 'ray' not in sys.modules, 'runner.workers=1 imported ray'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _assert_one_valid_file(tmp_path / "run" / "groups.jsonl", 4)
+
+
+@pytest.mark.slow
+def test_a_sweep_with_workers_nests_two_finished_children(tmp_path: Path, scripted_url: str, ray_address: str) -> None:
+    import mlflow
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "token"}
+    env.pop("MLFLOW_RUN_ID", None)
+    cmd = [sys.executable, "-m", "experiments.launch", "-m", *_args(tmp_path, scripted_url, 6), "reward.weights.correct=1.0,0.5",
+           f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and len(children) == 2
+    for child in children:
+        assert child.info.status == "FINISHED" and child.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert child.data.metrics["summary/workers"] == 2 and child.data.metrics["summary/groups_written"] == 6
+    for job in ("0", "1"):
+        _assert_one_valid_file(tmp_path / "sweep" / job / "groups.jsonl", 6)
+
+
+def _stub_source(ray, restarts: int, delay_s: float):
+    """Two stub workers behind a WorkerSource (the class is local, so Ray ships it by value)."""
+    from types import SimpleNamespace
+
+    class StubWorker:
+        """An actor with EnvWorker's calls and no environment: a group is a dict after `delay_s`."""
+
+        def __init__(self, delay_s: float) -> None:
+            self.delay_s = delay_s
+
+        async def ping(self) -> int:
+            return os.getpid()
+
+        async def collect(self, item: dict, weight_version: int) -> dict:
+            import asyncio
+
+            await asyncio.sleep(self.delay_s)
+            return {"group_overrides": {"item_id": item["id"], "weight_version": weight_version, "pid": os.getpid()}}
+
+    from opd.distributed.source import Worker, WorkerSource
+
+    actors = [ray.remote(StubWorker).options(num_cpus=0, max_restarts=restarts).remote(delay_s) for _ in range(2)]
+    ray.get([a.ping.remote() for a in actors])
+    return WorkerSource(SimpleNamespace(weight_version=3), [Worker(i, a, 4) for i, a in enumerate(actors)]), actors
+
+
+@pytest.mark.slow
+def test_a_restarted_worker_takes_groups_again_and_none_left_ends_the_run(ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    _join(monkeypatch, ray_address)  # before Ray reads its settings at import
+    import ray
+
+    from opd.distributed.source import WorkersLost
+
+    ray.init(address=ray_address, configure_logging=False, log_to_driver=False)
+    try:
+        source, actors = _stub_source(ray, restarts=1, delay_s=0.5)
+
+        async def run() -> list[dict]:
+            groups = asyncio.gather(*(source.collect_trajectories({"id": i}) for i in range(8)))
+            await asyncio.sleep(0.2)
+            ray.kill(actors[0], no_restart=False)  # dies with its groups in flight; Ray restarts it
+            done = [g for g, _ in await groups]
+            for _ in range(600):  # the probe sees it back
+                if source.restarts:
+                    break
+                await asyncio.sleep(0.1)
+            done += [g for g, _ in await asyncio.gather(*(source.collect_trajectories({"id": i}) for i in range(8, 16)))]
+            return done
+
+        groups = asyncio.run(run())
+        assert sorted(g["group_overrides"]["item_id"] for g in groups) == list(range(16))  # every group, once
+        assert all(g["group_overrides"]["weight_version"] == 3 for g in groups)  # the driver's version travels
+        assert source.groups_lost >= 1 and source.restarts == 1
+        assert source.workers[0].groups > 0 and source.workers[0].up  # back in service after its restart
+
+        source, actors = _stub_source(ray, restarts=0, delay_s=0.5)
+
+        async def all_die() -> None:
+            groups = asyncio.gather(*(source.collect_trajectories({"id": i}) for i in range(4)))
+            await asyncio.sleep(0.2)
+            for actor in actors:
+                ray.kill(actor)
+            await groups
+
+        with pytest.raises(WorkersLost, match="all 2 environment workers died"):
+            asyncio.run(all_die())
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_a_local_trainer_in_the_driver_sees_every_group_and_workers_record_its_versions(tmp_path: Path, scripted_url: str, ray_address: str,
+                                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _join(monkeypatch, ray_address)
+    # No weight refresh: the scripted server has no weights; the trainer steps all the same.
+    _launch(tmp_path, scripted_url, 12, ["trainer=local", "trainer.refresh=false", "trainer.batch_groups=2", "trainer.max_staleness=100"])
+    groups = _assert_one_valid_file(tmp_path / "run" / "groups.jsonl", 12)
+    _, run = _run(tmp_path)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["summary/trainer_steps"] == 6 and run.data.metrics["summary/weight_version"] == 6
+    versions = [g["group_overrides"]["weight_version"] for g in groups]
+    # Groups generated in the workers after a step carry the driver's newer version.
+    assert versions[0] == 0 and max(versions) >= 1
+
+
+@pytest.mark.slow
+def test_the_overhead_bench_runs_on_workers_and_counts_their_cpu(ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from experiments.bench import bench_overhead
+
+    _join(monkeypatch, ray_address)
+    (result,) = bench_overhead(1, latencies=(0.05,), limits=(4,), workers=(2,), overrides=("runner.ray.cpus_per_worker=0.5",))
+    assert result["workers"] == 2 and result["rollouts"] == 40
+    assert 0.1 < result["fraction_of_ideal"] <= 1.05 and 0.1 < result["bare_client_fraction_of_ideal"] <= 1.05
+    # The workers generated (their CPU), the driver only checked and wrote (its own).
+    assert result["workers_cpu_ms_per_rollout"] > 0 and result["env_cpu_ms_per_rollout"] > 0
