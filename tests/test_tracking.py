@@ -189,6 +189,34 @@ def test_a_failed_call_fails_the_run_at_its_next_call(tmp_path: Path) -> None:
     assert run.info.status == "FAILED"
 
 
+def test_a_call_after_the_tracking_process_died_fails_at_once(tmp_path: Path) -> None:
+    # Slurm's signals reach every process of a job: the tracking process may be gone before the
+    # run's last calls (the sinks' uploads on the way out). Those must fail, not wait forever.
+    import signal
+    import threading
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    (tmp_path / "a.txt").write_text("a")
+    with pytest.raises(TrackingFailed):
+        with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, {}, "", _info(), begin=True) as tracker:
+            tracker.run_id  # opened
+            tracker._process.send_signal(signal.SIGKILL)
+            tracker._threads[-1].join(timeout=30)  # the reader saw the end
+            failures: list[BaseException] = []
+
+            def late_call() -> None:
+                try:
+                    tracker.log_artifact(tmp_path / "a.txt")
+                except BaseException as err:  # noqa: BLE001 - the test reads it
+                    failures.append(err)
+
+            caller = threading.Thread(target=late_call, daemon=True)  # a daemon: a hang fails the test, not the session
+            caller.start()
+            caller.join(timeout=30)
+            assert not caller.is_alive(), "a call after the tracking process died waited forever"
+            assert len(failures) == 1 and isinstance(failures[0], TrackingFailed) and "exited" in str(failures[0])
+
+
 KILLED_RUN = """
 import os, signal, sys, time
 from pathlib import Path

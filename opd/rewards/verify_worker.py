@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import resource
+import signal
 import sys
 
 
 def main() -> None:
     memory_mb, timeout_s = int(sys.argv[1]), int(sys.argv[2])
+    # Slurm's warning signals reach every process of the job step; they are the run's to handle.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
     from math_verify import parse, verify
 

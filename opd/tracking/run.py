@@ -77,6 +77,8 @@ class Tracker:
         self._error: BaseException | None = None
         self._outbox: queue.Queue[tuple[str, tuple[Any, ...]] | None] = queue.Queue()
         self._waiting: collections.deque[tuple[str, Future]] = collections.deque()
+        # Set when the process has ended: a call sent after that fails at once instead of waiting.
+        self._gone: TrackingFailed | None = None
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
         self._threads: list[threading.Thread] = []
@@ -195,6 +197,9 @@ class Tracker:
             self._raise_failure()
         future: Future = Future()
         with self._lock:
+            if self._gone is not None:
+                future.set_exception(self._gone)
+                return future
             self._waiting.append((name, future))
             self._outbox.put((name, args))
         return future
@@ -248,11 +253,13 @@ class Tracker:
                 self._error = error
                 logger.error("MLflow tracking failed: %s", error)
             future.set_exception(error)
-        with self._lock:  # the process ended: whatever still waits gets no answer
+        code = self._process.wait()
+        with self._lock:  # the process ended: whatever still waits, or is sent later, gets no answer
             lost = list(self._waiting)
             self._waiting.clear()
+            self._gone = TrackingFailed(f"the MLflow process exited (code {code}); a call after that has no answer")
         if lost:
-            error = TrackingFailed(f"the MLflow process exited (code {self._process.wait()}) before answering {len(lost)} calls")
+            error = TrackingFailed(f"the MLflow process exited (code {code}) before answering {len(lost)} calls")
             self._error = self._error or error
             for _, future in lost:
                 future.set_exception(error)

@@ -204,6 +204,9 @@ def serve(calls: Any, answers: Any) -> bool:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run handles Ctrl-C and ends the run KILLED
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Slurm's warning signals reach every process of the job step; they are the run's to handle.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything MLflow prints goes to stderr, never into the answers
     sys.stdout = sys.stderr
