@@ -102,13 +102,13 @@ def _after_lines(path: Path, count: int, action, timeout: float = 300) -> thread
 
 
 def _run_exists(tmp_path: Path) -> bool:
-    import mlflow
-
-    if not (tmp_path / "mlflow.db").exists():
+    # The run id the tracking process records once the run is open (read without MLflow: a client
+    # opening the sqlite store while the run's process creates it would race its migrations).
+    path = tmp_path / "run" / "mlflow_run.json"
+    try:
+        return bool(json.loads(path.read_text()).get("run_id"))
+    except (OSError, ValueError):
         return False
-    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("inline_math")
-    return experiment is not None and bool(client.search_runs([experiment.experiment_id]))
 
 
 def _run(tmp_path: Path):
