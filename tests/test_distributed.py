@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from procs import cmdline, descendants
 
 from conftest import ROOT, compose
 from opd.config import ConfigError, validate
@@ -118,32 +119,8 @@ def _assert_one_valid_file(path: Path, steps: int) -> list[dict]:
     return groups
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def _env_workers(root: int) -> list[int]:
-    return [pid for pid in _descendants(root) if _cmdline(pid).startswith("ray::EnvWorker")]
+    return [pid for pid in descendants(root) if cmdline(pid).startswith("ray::EnvWorker")]
 
 
 def _lines(path: Path) -> int:
@@ -176,7 +153,7 @@ def test_a_killed_worker_loses_only_its_groups_in_flight(tmp_path: Path, scripte
         deadline = time.monotonic() + 300
         while _lines(groups_path) < 4 and time.monotonic() < deadline:
             time.sleep(0.02)
-        workers = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if _cmdline(pid).startswith("ray::EnvWorker") and _in_test_cluster(pid)]
+        workers = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if cmdline(pid).startswith("ray::EnvWorker") and _in_test_cluster(pid)]
         if workers:
             os.kill(workers[0], signal.SIGKILL)
             killed.append(workers[0])
@@ -203,7 +180,7 @@ def _in_test_cluster(pid: int) -> bool:
         ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return False
-    return "raylet" in _cmdline(ppid) and "opd-ray-test-" in _cmdline(ppid)
+    return "raylet" in cmdline(ppid) and "opd-ray-test-" in cmdline(ppid)
 
 
 def _subprocess_launch(tmp_path: Path, url: str, steps: int, extra: list[str]) -> subprocess.Popen:
@@ -241,9 +218,9 @@ def _kill_driver_and_resume(tmp_path: Path, scripted_url: str, drivers: list[int
     proc.wait()
     # The workers (and the local cluster) die with the driver.
     deadline = time.monotonic() + 60
-    while any(_cmdline(pid).startswith("ray::EnvWorker") for pid in workers) and time.monotonic() < deadline:
+    while any(cmdline(pid).startswith("ray::EnvWorker") for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not any(_cmdline(pid).startswith("ray::EnvWorker") for pid in workers), "environment workers outlived their driver"
+    assert not any(cmdline(pid).startswith("ray::EnvWorker") for pid in workers), "environment workers outlived their driver"
     data = groups_path.read_bytes()
     complete = data[: data.rfind(b"\n") + 1].decode().splitlines()
     assert 3 <= len(complete) < 24

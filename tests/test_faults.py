@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import cmdline, descendants
 
 from conftest import ROOT, compose
 from opd.records import check_group, read_groups
@@ -226,7 +227,7 @@ def test_the_embedded_server_is_restarted_when_it_dies(tmp_path: Path, fixture_m
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()[-3000:]
         time.sleep(0.05)
     # Kill the vLLM API process under the launcher's guard, as an out-of-memory kill would.
-    victims = [p for p in _descendants(proc.pid) if "vllm.entrypoints.openai.api_server" in _cmdline(p) and "guard.py" not in _cmdline(p)]
+    victims = [p for p in descendants(proc.pid) if "vllm.entrypoints.openai.api_server" in cmdline(p) and "guard.py" not in cmdline(p)]
     assert victims
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
@@ -238,25 +239,3 @@ def test_the_embedded_server_is_restarted_when_it_dies(tmp_path: Path, fixture_m
     assert "restarting it (1/2)" in (tmp_path / "run" / "launch.log").read_text()
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
