@@ -6,7 +6,9 @@
   their group, others hold every request slot.
 - A group that raises, or that breaks a record rule (`opd.records.is_valid`, the one check), is
   counted, logged once with its cause and its item retried up to `max_attempts_per_item` times;
-  then the item is given up. The run goes on.
+  then the item is given up. The run goes on. A group that raises a `ConfigError` (a setup check
+  that finished after the first requests went out, e.g. the model's parser names) ends the run
+  at once with it.
 - Only written groups count towards `total_steps`; more than `max_failed_groups` failures end
   the run with an error instead of looping forever.
 - A valid group that `drop` names a reason for (e.g. every rollout scored the same, which
@@ -31,6 +33,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from tqdm import tqdm
 
+from opd.config import ConfigError
 from opd.records import check_group, is_valid
 from opd.sinks.base import Sink, Written
 
@@ -146,6 +149,8 @@ class Runner:
     async def _finished(self, task: asyncio.Task) -> None:
         item, tries = self.in_flight.pop(task)
         err = task.exception()
+        if isinstance(err, ConfigError):
+            raise err
         group = None if err is not None else task.result()[0]
         if group is not None and not is_valid(group):
             err = ValueError("invalid group: " + "; ".join(check_group(group)[:3]))

@@ -14,7 +14,7 @@ from conftest import compose
 from family_tokenizers import FAMILIES, R1_STOCK, build_tokenizer
 from opd.agent.chat_format import ChatFormat, ChatFormatError, TurnParser, check
 from opd.agent.tool_calls import ToolCall, ToolCallError
-from opd.config import validate
+from opd.config import ConfigError, validate
 from opd.data.sources import TaskSet
 from opd.envs import coding_prompt
 from opd.records import MASK, check_group
@@ -100,7 +100,7 @@ def test_the_check_names_model_template_and_what_is_missing(families, tmp_path: 
     check(ChatFormat.from_config(cfg.model), stock, coding_prompt.TOOLS, "r1")
     assert cfg.server.chat_template == str(template)
     with pytest.raises(ChatFormatError, match="unknown_parser"):
-        check(ChatFormat(tool_parser="unknown_parser"), qwen, coding_prompt.TOOLS, "m")
+        TurnParser(ChatFormat(tool_parser="unknown_parser"), qwen, coding_prompt.TOOLS)
     # The stock R1 template stops the environment before any generation.
     with pytest.raises(ChatFormatError, match="does not render the tools"):
         client = ScriptedClient(generate=vllm_like(stock, []))
@@ -261,3 +261,31 @@ def test_every_preset_names_parsers_vllm_knows() -> None:
         fmt = ChatFormat.from_config(model)
         assert ParserManager.get_parser(tool_parser_name=fmt.tool_parser, reasoning_parser_name=fmt.reasoning_parser,
                                         enable_auto_tools=True, is_harmony=fmt.harmony) is not None, path.stem
+
+
+def test_an_unknown_parser_name_ends_the_run_before_any_group_is_written(tmp_path: Path) -> None:
+    """The parsers load while the first requests go out; a bad name is a configuration error that
+    ends the run at once (not a failed group retried), and nothing is written."""
+    from opd.runner import Runner, RunnerLimits
+    from opd.sinks.jsonl import GroupFile
+
+    tokenizer = build_tokenizer("qwen2_5", tmp_path / "q")
+    cfg = validate(compose(["model=qwen2_5", "model.tool_call_parser=no_such_parser", "env=inline_math", "group_size=2", f"server.model={tmp_path / 'q'}"]))
+    client = ScriptedClient(generate=vllm_like(tokenizer, ["<think>I add.</think> \\boxed{5}"] * 8))
+    env = build_env(cfg, TaskSet(train=[MATH], eval=[], source="test"), str(tmp_path / "q"), client)
+    out = tmp_path / "groups.jsonl"
+
+    async def run() -> None:
+        file = GroupFile(out)
+        await file.open()
+        try:
+            await Runner(env, [file], 3, RunnerLimits(2, 3, 10, 10), progress=False).run()
+        finally:
+            await file.close("FAILED")
+            await env.close()
+
+    with pytest.raises(ChatFormatError, match="no_such_parser") as raised:
+        asyncio.run(run())
+    assert isinstance(raised.value, ConfigError) and raised.value.key == "model"
+    assert client.prompts, "the first requests went out before the parser was loaded"
+    assert out.read_text() == ""

@@ -8,18 +8,23 @@ parser modules cost seconds to import).
 vLLM's parsers return no call at all when any call of a turn is malformed; here each call is then
 parsed on its own, so well-formed calls still run and each malformed one gets an error result.
 `check` is the start-up check: the template renders the tools, the markers are tokens.
+`BackgroundParser` builds a `TurnParser` on a thread of its own while the first requests go out.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from opd.agent.tool_calls import ToolCall, ToolCallError, parse_tool_call
+from opd.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +34,11 @@ MAX_PARSE_CHARS = 200_000
 MAX_CALLS_PER_TURN = 32
 
 
-class ChatFormatError(ValueError):
-    """The model's tokenizer or chat template cannot carry this format (raised at start-up)."""
+class ChatFormatError(ConfigError):
+    """The model's tokenizer, chat template or parser names cannot carry this format (`model.*`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "model")
 
 
 @dataclass(frozen=True)
@@ -167,6 +175,38 @@ class TurnParser:
         return [_to_call(c.name, c.arguments) for c in calls or []]
 
 
+class BackgroundParser:
+    """A `TurnParser` built on a thread of its own: vLLM's parser modules import torch, seconds
+    that the first requests need not wait for.
+    `get()` waits for it and raises what building it raised (a `ChatFormatError` for bad parser
+    names, which ends the run: every rollout parses, so no group is written before it)."""
+
+    def __init__(self, build: Callable[[], TurnParser]) -> None:
+        self._future: concurrent.futures.Future[TurnParser] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._build, args=(build,), name="turn-parser", daemon=True)
+        self._thread.start()
+
+    def _build(self, build: Callable[[], TurnParser]) -> None:
+        try:
+            self._future.set_result(build())
+        except BaseException as err:  # handed to every caller of get()
+            self._future.set_exception(err)
+
+    async def get(self) -> TurnParser:
+        """The parser, once built (at once after the first time)."""
+        if not self._future.done():
+            await asyncio.wrap_future(self._future)
+        return self._future.result()
+
+    def wait(self, timeout: float | None = None) -> TurnParser:
+        """The parser, blocking this thread until it is built (at most `timeout` seconds)."""
+        return self._future.result(timeout)
+
+    def join(self, timeout: float) -> None:
+        """Let a build in progress finish (an interpreter exiting mid-import can crash)."""
+        self._thread.join(timeout)
+
+
 def _to_call(name: str | None, arguments: str | None) -> ToolCall | ToolCallError:
     if not name:
         return ToolCallError("tool call has no name")
@@ -186,7 +226,8 @@ def _to_call(name: str | None, arguments: str | None) -> ToolCall | ToolCallErro
 
 def check(fmt: ChatFormat, tokenizer: Any, tools: list[dict], model: str) -> None:
     """The start-up check: the preset's marker tokens exist and the chat template renders the
-    tools; else a `ChatFormatError` naming the model, the template and what is missing."""
+    tools; else a `ChatFormatError` naming the model, the template and what is missing. (The
+    parser names are checked by building the `TurnParser`, off the start-up path.)"""
     vocab = tokenizer.get_vocab()
     missing = [t for t in fmt.required_tokens if t not in vocab]
     template = "the chat template model.chat_template" if fmt.chat_template else f"the chat template of {getattr(tokenizer, 'name_or_path', model)!s}"
@@ -202,4 +243,3 @@ def check(fmt: ChatFormat, tokenizer: Any, tools: list[dict], model: str) -> Non
     if absent:
         raise ChatFormatError(f"model {model!r}: {template} does not render the tools {absent} (it ignores `tools=`); "
                               "give the model a template that renders tools, or choose another model preset")
-    TurnParser(fmt, tokenizer, tools)  # the parser names exist and accept this tokenizer

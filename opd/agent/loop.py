@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from opd.agent.chat_format import ChatFormat, TurnParser
+from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser
 from opd.agent.chat_tokens import continuation_ids
 from opd.agent.tool_calls import ToolCall, ToolCallError, run_parsed_call
 from opd.records import Sequence
@@ -70,11 +70,11 @@ async def run_agent(
     top_p: float = 1.0,
     tracer: Tracer | None = None,
     fmt: ChatFormat | None = None,
-    parser: TurnParser | None = None,
+    parser: TurnParser | BackgroundParser | None = None,
 ) -> AgentRollout:
     """Run the agent until it answers without a tool call, or a limit is reached. `fmt`: the
     model's chat format (default: the fixture's, Hermes); `parser`: its parsers, built once per
-    environment (built here when not given)."""
+    environment (built here when not given; a `BackgroundParser` is awaited after the first turn)."""
     fmt = fmt or ChatFormat()
     tools = toolbox.schemas()
     parser = parser or TurnParser(fmt, tokenizer, tools)
@@ -84,7 +84,8 @@ async def run_agent(
         turn_ids = await _assistant_turn(rollout, tokenizer, generate, limits, temperature, top_p)
         if turn_ids is None:
             break
-        calls = parser.parse(rollout.messages[-1]["content"], turn_ids).calls
+        ready = parser if isinstance(parser, TurnParser) else await parser.get()
+        calls = ready.parse(rollout.messages[-1]["content"], turn_ids).calls
         if not calls:
             rollout.finish = "answer"
             break

@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-from atroposlib.envs.base import BaseEnvConfig
+from atroposlib.envs.base import BaseEnv, BaseEnvConfig
+from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from pydantic import Field
 
@@ -67,10 +68,15 @@ def _quoted(value: str) -> str:
 
 
 class AtroposEntry:
-    """Mixed in before one of our environment classes (see the module docstring)."""
+    """Mixed in before one of our environment classes, with atroposlib's `BaseEnv` after it:
+    `class X(AtroposEntry, OurEnv, BaseEnv)`, so that our methods take precedence over BaseEnv's
+    (see the module docstring)."""
 
     opd_env: ClassVar[str]
     env_config_cls = OPDAtroposConfig
+    # atroposlib builds a server manager from this class before ours replaces it; it gets no
+    # servers, and a concrete class keeps it from guessing one from an empty list.
+    server_cls = OpenAIServer
 
     @classmethod
     def config_init(cls) -> tuple[OPDAtroposConfig, list[APIServerConfig]]:
@@ -118,7 +124,10 @@ class AtroposEntry:
         args, kwargs = build.environment_arguments(cfg, build.load_data(cfg), config.tokenizer_name, pool, Tracer.off(), build.judge_pool(cfg))
         # atroposlib filters equal-score groups itself (`ensure_scores_are_not_same`).
         kwargs.pop("drop_equal_scores", None)
-        super().__init__(*args, atropos_config=config, **kwargs)  # type: ignore[call-arg]
+        # atroposlib's state (its config, tokenizer, loop bookkeeping), then ours over it: our
+        # pool replaces its server manager, and its tokenizer is ours.
+        BaseEnv.__init__(self, config, [], slurm=slurm, testing=testing)  # type: ignore[arg-type]
+        super().__init__(*args, tokenizer=self.tokenizer, **kwargs)  # type: ignore[call-arg]
         self.opd_cfg = cfg
         self._metrics: dict[str, float] = {}
         logger.info("%s for atroposlib: %d server(s), model %s, overrides %s", self.opd_env, len(servers), cfg.server.model, config.opd_overrides)

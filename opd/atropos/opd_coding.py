@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from atroposlib.envs.base import BaseEnv
+
 from opd.atropos.env import AtroposEntry
 from opd.envs.opd_coding import OPDCodingEnv
 
 
-class OPDCodingAtropos(AtroposEntry, OPDCodingEnv):
+class OPDCodingAtropos(AtroposEntry, OPDCodingEnv, BaseEnv):
     """opd_coding, built from atroposlib's config (see opd.atropos.env)."""
 
     opd_env = "opd_coding"

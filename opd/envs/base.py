@@ -1,5 +1,5 @@
-"""What every environment shares: atroposlib's `BaseEnv` contract over our server pool, with the
-skeleton of a run around each environment's algorithm.
+"""What every environment shares: the skeleton of a run around each environment's algorithm, over
+our server pool, with atroposlib's `ScoredDataGroup` as the group it makes.
 
 The base holds the constructor, the item order (a seeded shuffle of the train split, epoch after
 epoch), one trace root per rollout, the group record, the per-group metrics every env has, and
@@ -7,9 +7,13 @@ the evaluation scaffold. A subclass implements:
 - `make_group(item, roots)`: `group_size` rollouts of one item, scored, as a `ScoredDataGroup`;
 - `eval_item(item, temperature)`: one rollout of a held-out item, as an `ItemResult`;
 - `env_metrics(group)`: its own per-group metrics.
-It passes its tool schemas up, for the start-up check of the model's chat format.
+It passes its tool schemas up, for the start-up check of the model's chat format and for the
+turn parser (`self.parser`), which loads on a thread while the first requests go out.
 The runner (`opd.runner`) drives it, not atroposlib's `process_manager` (which has no error
-isolation and can loop forever), and checks every group once before it is written.
+isolation and can loop forever), and checks every group once before it is written. The methods
+keep atroposlib's `BaseEnv` names and signatures, so `opd.atropos` runs the same classes under
+atroposlib's own commands by adding `BaseEnv` below them; importing atroposlib's `BaseEnv` costs
+seconds (transformers, torch, wandb), so a run of ours never does.
 """
 
 from __future__ import annotations
@@ -19,18 +23,22 @@ import logging
 import random
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
-from atroposlib.envs.server_handling.openai_server import OpenAIServer
-
-from opd.agent.chat_format import ChatFormat, check
+from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser, check
 from opd.data.sources import TaskSet
 from opd.serving.pool import ServerPool
+from opd.serving.tokenizer import load_tokenizer
 from opd.serving.vllm_client import Generation
 from opd.tracking.traces import Tracer
 
+if TYPE_CHECKING:
+    from atroposlib.envs.base import ScoredDataGroup
+
 logger = logging.getLogger(__name__)
+
+# How long closing an environment waits for its turn parser's thread to finish loading.
+PARSER_JOIN_S = 120.0
 
 
 @dataclass
@@ -55,30 +63,15 @@ class EvalReport:
     samples: list[dict[str, Any]]
 
 
-class OPDBaseEnv(BaseEnv):
-    """`BaseEnv` over a `ServerPool`, wandb off; see the module docstring."""
-
-    # atroposlib builds a server manager from this class before ours replaces it; it gets no
-    # servers, and a concrete class keeps it from guessing one from an empty list.
-    server_cls = OpenAIServer
+class OPDBaseEnv:
+    """An environment over a `ServerPool`; see the module docstring."""
 
     def __init__(self, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
                  seed: int, tracer: Tracer, temperature: float, top_p: float, eval_temperature: float, chat_format: ChatFormat,
-                 tools: list[dict[str, Any]], drop_equal_scores: bool = False, atropos_config: BaseEnvConfig | None = None) -> None:
-        # atroposlib's own settings: ours (its file writer, wandb and score filter off: the runner
-        # and sinks do that), or, run by atroposlib's serve/process commands (opd.atropos), theirs.
-        base_config = atropos_config or BaseEnvConfig(
-            tokenizer_name=tokenizer_path,
-            group_size=group_size,
-            use_wandb=False,
-            max_token_length=max_model_len,
-            ensure_scores_are_not_same=False,
-            data_path_to_save_groups=None,  # the runner writes groups (flushed per group)
-            include_messages=False,
-        )
-        # No atroposlib server manager: requests go through our pool (slots, retries).
-        super().__init__(base_config, [], slurm=False, testing=False)
+                 tools: list[dict[str, Any]], drop_equal_scores: bool = False, tokenizer: Any = None) -> None:
+        # Requests go through our pool (slots, retries). `tokenizer`: one already loaded (atroposlib's).
         self.server = pool
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(tokenizer_path)
         self.data = data
         self.group_size = group_size
         self.max_model_len = max_model_len
@@ -90,14 +83,12 @@ class OPDBaseEnv(BaseEnv):
         # tokenizer or the chat template cannot carry it.
         self.chat_format = chat_format
         check(chat_format, self.tokenizer, tools, tokenizer_path)
+        # vLLM's parsers of the format, loaded off the start-up path (see BackgroundParser).
+        self.parser = BackgroundParser(lambda: TurnParser(chat_format, self.tokenizer, tools))
         self._order: list[int] = []
         # The version of the weights the servers serve (a trainer in the run raises it); every
         # group records the version it was generated with (`group_overrides.weight_version`).
         self.weight_version = 0
-
-    @classmethod
-    def config_init(cls) -> Any:
-        raise NotImplementedError("build environments with opd.build (python -m experiments.launch)")
 
     async def setup(self) -> None:
         """Data is loaded before the env is built (opd.build); nothing to do here."""
@@ -119,6 +110,7 @@ class OPDBaseEnv(BaseEnv):
         try:
             group = await self.make_group(item, roots)
             group["group_overrides"]["weight_version"] = version
+            await self.parser.get()  # no group before the parser names are checked (a ConfigError ends the run)
         except BaseException as err:
             for root in roots:
                 self.tracer.end_root(root, error=err)
@@ -143,7 +135,7 @@ class OPDBaseEnv(BaseEnv):
                      generation_params: dict[str, Any], messages: list[list[dict[str, Any]]] | None = None,
                      group_overrides: dict[str, Any] | None = None) -> ScoredDataGroup:
         """The group as written: tokens, masks, logprobs of each `Sequence`, scores, details."""
-        return ScoredDataGroup(
+        return dict(  # type: ignore[return-value]  # a ScoredDataGroup
             tokens=[s.tokens for s in sequences],
             masks=[s.masks for s in sequences],
             scores=scores,
@@ -209,6 +201,7 @@ class OPDBaseEnv(BaseEnv):
 
         runs = [[one(item, self.eval_temperature), *(one(item, sample_temperature) for _ in range(samples_per_item))] for item in items]
         results = await asyncio.gather(*(asyncio.gather(*calls) for calls in runs))
+        await self.parser.get()  # the parser names are checked (see collect_trajectories)
         report = _report(items, results, samples_per_item)
         report.metrics["eval/failed_rollouts"] = float(failed)
         return report
@@ -218,6 +211,7 @@ class OPDBaseEnv(BaseEnv):
 
     async def close(self) -> None:
         await self.server.close()
+        await asyncio.to_thread(self.parser.join, PARSER_JOIN_S)
 
 
 def _report(items: list[dict[str, Any]], results: list[list[ItemResult | None]], samples_per_item: int) -> EvalReport:

@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from atroposlib.envs.base import ScoredDataGroup
-
-from opd.agent.chat_format import TurnParser
 from opd.agent.tool_calls import ToolCallError, run_parsed_call
 from opd.config import InlineMathEnvConfig, InlineMathRewardConfig
 from opd.envs import math_prompt
@@ -34,6 +31,9 @@ from opd.rewards.verifier import Verifier
 from opd.tools import math_tools
 from opd.tools.calculator import CalculatorLimits
 from opd.tools.registry import Toolbox, ToolOutcome
+
+if TYPE_CHECKING:
+    from atroposlib.envs.base import ScoredDataGroup
 
 
 @dataclass
@@ -63,7 +63,6 @@ class InlineMathEnv(OPDBaseEnv):
         self.toolbox = Toolbox(math_tools.TOOLS, math_tools.MathTools(CalculatorLimits(max_chars=cfg.calculator_max_chars), cfg.sandbox))
         self.dynamic_pool: list[tuple[str, str]] = []
         fmt = self.chat_format
-        self.parser = TurnParser(fmt, self.tokenizer, self.toolbox.schemas())
         self.few_shots = math_prompt.few_shots(fmt)
         self.system_prompt = math_prompt.system_prompt(fmt, cfg.tool_instruction)
         # What marks tool text after </think> as a format violation: a call, or an inserted response.
@@ -98,7 +97,7 @@ class InlineMathEnv(OPDBaseEnv):
                 rollout.finish = "eos"
                 return rollout
             segment = rollout.text[since:]
-            calls = self.parser.calls(segment)
+            calls = (await self.parser.get()).calls(segment)
             if not calls and gen.token_ids and gen.token_ids[-1] == self.tokenizer.eos_token_id:
                 rollout.finish = "eos"  # the marker is the end of the message (Mistral's </s>) and no call came
                 return rollout

@@ -13,11 +13,8 @@ import asyncio
 import statistics
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from atroposlib.envs.base import ScoredDataGroup
-
-from opd.agent.chat_format import TurnParser
 from opd.agent.loop import AgentLimits, AgentRollout, run_agent
 from opd.config import ConfigError, JudgeConfig, OPDCodingEnvConfig, OPDCodingRewardConfig
 from opd.distill.pipeline import FailureLog, apply_opd
@@ -32,6 +29,9 @@ from opd.tools import workspace as workspace_tools
 from opd.tools.registry import Toolbox
 from opd.tools.workspace import Workspace
 
+if TYPE_CHECKING:
+    from atroposlib.envs.base import ScoredDataGroup
+
 
 class OPDCodingEnv(OPDBaseEnv):
     """The opd_coding environment (see module docstring)."""
@@ -40,7 +40,6 @@ class OPDCodingEnv(OPDBaseEnv):
 
     def __init__(self, cfg: OPDCodingEnvConfig, reward: OPDCodingRewardConfig, judge: JudgeConfig, judge_pool: ServerPool | None = None, **common: Any) -> None:
         super().__init__(temperature=cfg.temperature, top_p=cfg.top_p, eval_temperature=cfg.eval_temperature, tools=coding_prompt.TOOLS, **common)
-        self.parser = TurnParser(self.chat_format, self.tokenizer, coding_prompt.TOOLS)
         self.cfg, self.reward_cfg, self.judge_cfg = cfg, reward, judge
         self.rubric = Rubric(rewards.SIGNALS, reward.weights, params=reward)
         self.system_prompt = cfg.system_prompt or coding_prompt.SYSTEM_PROMPT
