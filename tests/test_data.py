@@ -90,18 +90,34 @@ def test_bad_sources_fail_with_the_key_named(tmp_path, monkeypatch, overrides: l
 
 
 def run_tests(task: dict, solution: str) -> str:
+    """The terminal output of the task's tests on `solution` in a fresh sandbox."""
+    return run_all([(task, solution)])[0]
+
+
+def run_all(cases: list[tuple[dict, str]], at_once: int = 4) -> list[str]:
+    """`run_tests` for each (task, solution), `at_once` sandboxes at a time."""
     import asyncio
 
     from conftest import sandbox_limits
     from opd.tools.workspace import Workspace
 
-    workspace = Workspace(sandbox_limits(timeout_s=20))
-    try:
-        workspace.write_file("solution.py", solution)
-        workspace.write_file("t.py", task["test_code"])
-        return asyncio.run(workspace.terminal("python t.py"))
-    finally:
-        workspace.close()
+    limits = sandbox_limits(timeout_s=20)
+
+    async def one(task: dict, solution: str, slots: asyncio.Semaphore) -> str:
+        async with slots:
+            workspace = Workspace(limits)
+            try:
+                workspace.write_file("solution.py", solution)
+                workspace.write_file("t.py", task["test_code"])
+                return await workspace.terminal("python t.py")
+            finally:
+                workspace.close()
+
+    async def main() -> list[str]:
+        slots = asyncio.Semaphore(at_once)
+        return await asyncio.gather(*(one(task, solution, slots) for task, solution in cases))
+
+    return asyncio.run(main())
 
 
 def test_builtin_coding_tasks_are_solvable_and_their_tests_bite() -> None:
@@ -109,9 +125,12 @@ def test_builtin_coding_tasks_are_solvable_and_their_tests_bite() -> None:
 
     data = load_coding(dataset_cfg(["env=opd_coding"]))
     assert (len(data.train), len(data.eval)) == (112, 16)
-    for task in data.train[:40] + data.eval:
-        assert run_tests(task, task["solution"]).endswith("[exit code 0]"), task["id"]
-        assert not run_tests(task, f"def {task['entry_point']}(*a):\n    return None\n").endswith("[exit code 0]"), task["id"]
+    tasks = data.train[:40] + data.eval
+    solved = run_all([(task, task["solution"]) for task in tasks])
+    wrong = run_all([(task, f"def {task['entry_point']}(*a):\n    return None\n") for task in tasks])
+    for task, good, bad in zip(tasks, solved, wrong):
+        assert good.endswith("[exit code 0]"), (task["id"], good[-500:])
+        assert not bad.endswith("[exit code 0]"), task["id"]
 
 
 def test_humaneval_comes_from_the_installed_package() -> None:
