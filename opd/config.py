@@ -559,6 +559,9 @@ class TrainerConfig:
     kind: str = MISSING
 
     def __post_init__(self) -> None:
+        if type(self) is TrainerConfig:
+            # trainer=local has settings of its own (conf/trainer/local.yaml): chosen as a group.
+            _check(self.kind != "local", "trainer.kind", "none or atropos here; choose the local trainer with trainer=local", self.kind)
         _one_of("trainer.kind", self.kind, ("none", "local", "atropos"))
 
 

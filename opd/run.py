@@ -58,6 +58,10 @@ def resume_state(cfg: Config, job: SweepJob | None, out: Path) -> Resumed:
         raise ConfigError("resume: resume=true continues one run (hydra.run.dir=<its directory>), not a sweep job", "resume")
     if cfg.mode == "evaluate":
         raise ConfigError("resume: only train and serve runs write groups to resume", "resume")
+    if cfg.trainer.kind == "local":
+        # The trainer's weights and step count are not restored, so the kept groups would never
+        # be trained on and the run would quietly restart from the base checkpoint.
+        raise ConfigError("resume: a run with trainer=local cannot be resumed (its trained weights are not restored); start it again", "resume")
     if not groups_path.exists():
         raise ConfigError(f"resume: no {groups_path} to continue; pass hydra.run.dir=<the killed run's directory>", "resume")
     kept = recover(groups_path)

@@ -98,3 +98,26 @@ def test_a_hostile_answer_times_out_in_its_worker_without_stalling_the_run() -> 
     assert ("9^{9^{9^{9}}}", "7") not in verifier._cache  # a timeout is never cached
     assert longest_stall < 0.25  # the event loop went on meanwhile
     assert after is True  # a fresh worker took over
+
+
+def test_a_worker_that_never_gets_ready_fails_its_check_in_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker hung at start-up (e.g. its imports stuck) is killed after READY_TIMEOUT_S; the
+    check raises instead of holding its group forever, and the next one starts a new worker."""
+    import asyncio
+    import sys
+
+    from opd.rewards import verifier as verifier_module
+
+    hung = [sys.executable, "-c", "import time; time.sleep(60)"]
+    monkeypatch.setattr(verifier_module, "READY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(verifier_module, "worker_command", lambda memory_mb, timeout_s: hung)
+    checker = Verifier(workers=1, timeout_s=5)
+    started = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="did not start within 0.5 s"):
+            asyncio.run(checker.matches("1", "1"))
+        assert time.monotonic() - started < 10
+        monkeypatch.undo()
+        assert asyncio.run(checker.matches("0.5", "\\frac{1}{2}")) is True
+    finally:
+        checker.close()

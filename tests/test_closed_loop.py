@@ -107,6 +107,7 @@ def test_a_short_closed_loop_trains_refreshes_and_evaluates_in_one_run(tmp_path,
             "trainer/staleness_mean", "eval/accuracy"} <= set(run.data.metrics)
     assert any(name.startswith("eval/sampled_accuracy/") for name in run.data.metrics)  # per kind of problem
     assert run.data.metrics["summary/trainer_steps"] == 2 and run.data.tags["opd.objective"] == "summary/final_sampled_accuracy"
+    assert run.data.metrics["summary/untrained_groups"] == 0 and run.data.metrics["summary/stale_groups_dropped"] == 0
     assert objective == pytest.approx(run.data.metrics["summary/final_sampled_accuracy"])
     versions = [g["group_overrides"]["weight_version"] for g in read_groups(tmp_path / "run" / "groups.jsonl")]
     assert len(versions) == 4 and versions[0] == 0 and max(versions) <= 2 and versions == sorted(versions)
@@ -115,6 +116,22 @@ def test_a_short_closed_loop_trains_refreshes_and_evaluates_in_one_run(tmp_path,
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"final_weights", "eval"} <= artifacts
     assert "model.safetensors" in {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "final_weights")}
+
+
+def test_groups_that_never_fill_a_batch_or_are_too_stale_are_counted_not_lost_silently(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from opd.sinks.base import Written
+    from opd.sinks.trainer import TrainerSink
+
+    cfg = validate(compose(["trainer=local", "trainer.batch_groups=4", "trainer.max_staleness=1"])).trainer
+    env = SimpleNamespace(weight_version=3)
+    sink = TrainerSink(cfg, env=env, model_dir="unused", base_urls=[], out_dir=tmp_path, tracker=None)
+    for step, version in enumerate([3, 2, 1, 0], start=1):  # two are more than one version old
+        asyncio.run(sink.write(Written({"group_overrides": {"weight_version": version}}, step, {})))
+    asyncio.run(sink.close("FINISHED"))
+    assert sink.summary() == {"summary/trainer_steps": 0.0, "summary/stale_groups_dropped": 2.0, "summary/untrained_groups": 2.0,
+                              "summary/weight_version": 3.0}
 
 
 def test_a_closed_loop_starts_from_its_checkpoint_whatever_the_server_holds(tmp_path, fixture_model, vllm_url, restores_the_fixture_weights) -> None:

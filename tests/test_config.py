@@ -199,7 +199,12 @@ def test_experiment_presets_compose_and_validate(preset: str) -> None:
         for key in params:
             assert hasattr(typed.reward.weights, key.rsplit(".", 1)[1])
     if preset == "optuna_rewards":
-        assert typed.sweep.objective == "accuracy"
+        # The run's default objective: the written groups' accuracy, held-out accuracy with evaluation.
+        from opd.run import default_objective
+
+        assert typed.sweep.objective is None and default_objective(typed) == "accuracy"
+        with_eval = validate(compose(["experiment=optuna_rewards", "trainer=local", "eval.every=4"]))
+        assert default_objective(with_eval) == "summary/final_accuracy"
     if preset == "reward_sweep_closed_loop":
         assert typed.trainer.kind == "local" and typed.sweep.objective is None  # ranked by held-out accuracy
 
@@ -225,6 +230,8 @@ BAD_RUNS = [
     (["dataset=acereason_math", "dataset.path=nobody/no-such-dataset"], "dataset.path: could not load hub dataset 'nobody/no-such-dataset'"),
     (["tracking.uri=bogus-scheme://nowhere"], "tracking.uri: cannot open the MLflow store 'bogus-scheme://nowhere'"),
     (["resume=true"], "resume: no "),
+    (["resume=true", "trainer=local"], "resume: a run with trainer=local cannot be resumed"),
+    (["trainer.kind=local"], "trainer.kind must be none or atropos here; choose the local trainer with trainer=local"),
     (["mode=serve", "serve.rollout_server_url=ftp://x"], "serve.rollout_server_url must be an http(s) URL"),
 ]
 

@@ -70,6 +70,16 @@ def test_local_parquet(tmp_path) -> None:
     assert (len(data.train), len(data.eval)) == (8, 2)
 
 
+def test_a_local_file_with_a_kind_column_is_selected_by_kind(tmp_path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps({"problem": f"q{i}", "answer": str(i), "kind": "even" if i % 2 == 0 else "odd"}) for i in range(12)))
+    data = load_math(dataset_cfg(["dataset=math_local", f"dataset.path={path}", "dataset.eval_size=2", "dataset.kinds=[odd]"]))
+    rows = data.train + data.eval
+    assert len(rows) == 6 and {r["kind"] for r in rows} == {"odd"} and all(int(r["answer"]) % 2 == 1 for r in rows)
+    with pytest.raises(ConfigError, match=r"dataset.kinds: \['prime'\] not in"):
+        load_math(dataset_cfg(["dataset=math_local", f"dataset.path={path}", "dataset.kinds=[prime]"]))
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

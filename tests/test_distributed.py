@@ -6,6 +6,7 @@ theirs); the driver-kill test lets the run start its own local cluster, as a pla
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -128,6 +129,30 @@ def _lines(path: Path) -> int:
 
 
 @pytest.mark.slow
+def test_every_group_waiting_for_a_worker_wakes_when_one_comes_back() -> None:
+    """Groups wait while every worker restarts; one worker given up wakes them (they wait again),
+    then the other coming back must reach each of them (a waiter once dropped another's event
+    and waited forever)."""
+    from opd.distributed.source import Worker, WorkerSource
+
+    async def scenario() -> list[int]:
+        workers = [Worker(0, None, 1, up=False), Worker(1, None, 1, up=False)]
+        source = WorkerSource(None, workers)  # type: ignore[arg-type]
+        waiting = [asyncio.create_task(source._pick(None)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        workers[0].gone = True
+        source._wake()
+        await asyncio.sleep(0.01)
+        assert not any(t.done() for t in waiting)
+        workers[1].up = True
+        source._wake()
+        done, pending = await asyncio.wait(waiting, timeout=5)
+        assert not pending
+        return [t.result().index for t in waiting]
+
+    assert asyncio.run(scenario()) == [1, 1, 1]
+
+
 def test_two_workers_write_one_valid_file_and_one_mlflow_run(tmp_path: Path, scripted_url: str, ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _join(monkeypatch, ray_address)
     _launch(tmp_path, scripted_url, 16)

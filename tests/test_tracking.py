@@ -147,6 +147,18 @@ def test_nothing_is_sent_before_begin_and_everything_after(tmp_path: Path) -> No
     assert run.info.run_id == run_id and run.info.status == "FINISHED"
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "m")] == [(s, float(s)) for s in range(1, 51)]
     assert tracker._process is not None and tracker._process.returncode == 0
+    assert (tmp_path / "mlflow_run.json").exists() and not (tmp_path / "mlflow_process.pid").exists()  # ended: nothing to wait for
+
+
+def test_resume_does_not_wait_for_a_pid_that_is_no_longer_the_tracking_process(tmp_path: Path) -> None:
+    from opd.tracking.run import previous_run_id
+
+    (tmp_path / "mlflow_run.json").write_text('{"run_id": "abc"}')
+    for stale in (str(os.getpid()), "999999999", "not a pid", ""):  # reused by another program, gone, garbage
+        (tmp_path / "mlflow_process.pid").write_text(stale)
+        started = time.monotonic()
+        assert previous_run_id(tmp_path, wait_s=30) == "abc"
+        assert time.monotonic() - started < 5
 
 
 def test_a_failing_block_ends_failed_and_ctrl_c_ends_killed(tmp_path: Path) -> None:
@@ -231,6 +243,21 @@ with open_run(tracking, out, {"x": 1}, "x: 1\\n", RunInfo("killed", None, None, 
     time.sleep(0.5)  # the calls are in the pipe, the MLflow process is still importing
     os.kill(os.getpid(), signal.SIGKILL)
 """
+
+
+def test_a_call_cut_off_by_the_runs_death_ends_the_session_as_killed() -> None:
+    """A run killed while writing a call leaves half a pickle: the session stops as for a run
+    that died (False: its MLflow run stays RUNNING for resume), instead of raising and letting
+    MLflow's exit hook end the run FINISHED. No MLflow call is made for it."""
+    import io
+    import pickle
+
+    from opd.tracking.session import serve
+
+    whole = pickle.dumps(("log_params", ({"a": "x" * 5000},)))
+    for cut in (1, len(whole) // 2, len(whole) - 1):
+        assert serve(io.BytesIO(whole[:cut]), None) is False
+    assert serve(io.BytesIO(b""), None) is False
 
 
 def test_a_killed_runs_tracking_process_still_records_the_run_for_resume(tmp_path: Path) -> None:

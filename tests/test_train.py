@@ -80,6 +80,25 @@ def test_only_trained_positions_count_and_pads_are_never_read() -> None:
     assert all(math.isfinite(float(getattr(base, name))) for name in ("pg", "opd", "topk_kl", "kl_to_sampler"))
 
 
+def test_kl_to_sampler_estimates_kl_from_the_sampler_to_the_current_policy() -> None:
+    """Tokens drawn from the sampler q, scored by the current policy p: the mean per trained token
+    is KL(q || p) (the k3 estimator with r = p / q), not another divergence."""
+    from opd.train.batch import make_batch
+    from opd.train.losses import terms
+
+    q = torch.tensor([0.7, 0.1, 0.1, 0.1])
+    p = torch.full((4,), 0.25)
+    generator = torch.Generator().manual_seed(0)
+    drawn = torch.multinomial(q, 20000, replacement=True, generator=generator).tolist()
+    tokens, masks, lps = sequence([0], drawn)
+    lps = [MASKED_LOGPROB] + [math.log(float(q[t])) for t in drawn]
+    group = {"tokens": [tokens], "masks": [masks], "inference_logprobs": [lps], "scores": [1.0], "overrides": [{}], "group_overrides": {"item_id": "x"}}
+    batch = make_batch([group])
+    logits = p.log().expand(1, len(tokens), 4).clone()
+    estimate = float(terms(logits, batch, 0.2).kl_to_sampler) / len(drawn)
+    assert estimate == pytest.approx(float((q * (q / p).log()).sum()), abs=0.02)  # 0.446
+
+
 def test_the_topk_kl_is_zero_when_the_student_matches_the_teacher_and_positive_otherwise() -> None:
     from opd.train.batch import make_batch
     from opd.train.losses import terms

@@ -198,10 +198,6 @@ class BackgroundParser:
             await asyncio.wrap_future(self._future)
         return self._future.result()
 
-    def wait(self, timeout: float | None = None) -> TurnParser:
-        """The parser, blocking this thread until it is built (at most `timeout` seconds)."""
-        return self._future.result(timeout)
-
     def join(self, timeout: float) -> None:
         """Let a build in progress finish (an interpreter exiting mid-import can crash)."""
         self._thread.join(timeout)

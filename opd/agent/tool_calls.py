@@ -7,7 +7,6 @@ of a call as the model is asked to write it, and running a parsed call against a
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +14,6 @@ from opd.tools.registry import Toolbox, ToolOutcome
 from opd.tracking.traces import Tracer
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 
 class ToolCallError(ValueError):
@@ -54,36 +52,6 @@ def parse_tool_call(body: str, max_chars: int = 20_000) -> ToolCall:
     if not isinstance(arguments, dict):
         raise ToolCallError('"arguments" must be a JSON object')
     return ToolCall(name, arguments)
-
-
-def call_bodies(text: str) -> list[str]:
-    """Bodies of every `<tool_call>` in a turn (an unclosed last one included)."""
-    return [m.group(1) for m in _CALL.finditer(text)]
-
-
-def last_open_call(text: str) -> str | None:
-    """The body of the last `<tool_call>` in `text` that ends the text with `</tool_call>`.
-
-    Used right after generation stopped at `</tool_call>`: returns the JSON text between the last
-    opening tag and that closing tag, or None when the closing tag has no opening tag.
-    """
-    stripped = text.rstrip()
-    if not stripped.endswith(CLOSE):
-        return None
-    start = stripped.rfind(OPEN, 0, len(stripped) - len(CLOSE))
-    if start == -1:
-        return None
-    return stripped[start + len(OPEN) : len(stripped) - len(CLOSE)]
-
-
-async def run_tool_call(toolbox: Toolbox, body: str, tracer: Tracer) -> ToolOutcome:
-    """Parse one Hermes call body and run it (a `tool <name>` span when tracing); a body that does
-    not parse is a `malformed` outcome."""
-    try:
-        call = parse_tool_call(body)
-    except ToolCallError as err:
-        return ToolOutcome("malformed", error=str(err))
-    return await run_parsed_call(toolbox, call, tracer)
 
 
 async def run_parsed_call(toolbox: Toolbox, call: ToolCall | ToolCallError, tracer: Tracer) -> ToolOutcome:

@@ -40,7 +40,11 @@ def load_math(cfg: DatasetConfig) -> TaskSet:
         answer = "" if answer is None else str(answer).strip()
         if not isinstance(problem, str) or not problem.strip() or not answer or (cfg.numeric_answers_only and not is_plain_number(answer)):
             return None
-        return {"id": f"{cfg.name}-{index}", "problem": problem.strip(), "answer": answer}
+        row: Row = {"id": f"{cfg.name}-{index}", "problem": problem.strip(), "answer": answer}
+        kind = record.get("kind")  # a kind column: dataset.kinds selects by it, evaluation reports per kind
+        if isinstance(kind, str) and kind.strip():
+            row["kind"] = kind.strip()
+        return row
 
     rows, skipped = mapped_rows(cfg, {"dataset.prompt_field": cfg.prompt_field, "dataset.answer_field": cfg.answer_field}, convert)
     return split(cfg, rows, f"{cfg.source}:{cfg.path}", skipped)

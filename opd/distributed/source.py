@@ -117,9 +117,9 @@ class WorkerSource:
                 return min(others, key=lambda w: (w.in_flight / w.slots, w.index))
             if all(w.gone for w in self.workers):
                 raise WorkersLost(f"all {len(self.workers)} environment workers died (runner.ray.max_restarts restarts each); see the log")
+            # One event for every waiter; a probe's end replaces it before setting it (_wake).
             self._changed = self._changed or asyncio.Event()
             await self._changed.wait()
-            self._changed = None
 
     def _down(self, worker: Worker) -> None:
         if worker.up:
@@ -151,8 +151,14 @@ class WorkerSource:
             except RayActorError as err:
                 self._gone(worker, str(err))
                 break
-        if self._changed is not None:
-            self._changed.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake every group waiting for a worker; each looks again, and those still waiting share
+        a new event (clearing it after a wake-up instead could drop another waiter's event)."""
+        event, self._changed = self._changed, None
+        if event is not None:
+            event.set()
 
     def _gone(self, worker: Worker, why: str) -> None:
         worker.gone = True

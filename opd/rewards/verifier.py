@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import select
 import subprocess
 import sys
 from collections import OrderedDict
@@ -23,20 +24,28 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+# How long a new worker may take to import math-verify and say it is ready.
+READY_TIMEOUT_S = 120.0
+
+
+def worker_command(memory_mb: int, timeout_s: int) -> list[str]:
+    return [sys.executable, "-m", "opd.rewards.verify_worker", str(memory_mb), str(timeout_s)]
+
 
 class _Worker:
     """One `opd.rewards.verify_worker` process, started by vfork (no fork of the launcher, no
     multiprocessing machinery, so it works in any process: joblib's workers too)."""
 
     def __init__(self, memory_mb: int, timeout_s: int) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "opd.rewards.verify_worker", str(memory_mb), str(timeout_s)],
+        self.process = subprocess.Popen(worker_command(memory_mb, timeout_s),
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
         assert self.process.stdout is not None and self.process.stdin is not None
         self.reader, self.writer = self.process.stdout, self.process.stdin
-        ready = self.reader.readline()
+        started, _, _ = select.select([self.reader], [], [], READY_TIMEOUT_S)
+        ready = self.reader.readline() if started else ""
         if ready.strip() != "ready":
             self.kill()
-            raise RuntimeError("a math-verify worker did not start")
+            raise RuntimeError("a math-verify worker did not start" + ("" if started else f" within {READY_TIMEOUT_S:g} s"))
 
     def kill(self) -> None:
         self.process.kill()

@@ -29,7 +29,13 @@ _DECIDING_FILES = ("tokenizer_config.json", "config.json", "tokenizer.json")
 
 def cache_file() -> Path:
     """Where the classes AutoTokenizer picked are remembered."""
-    root = os.environ.get("OPD_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "opd")
+    root = os.environ.get("OPD_CACHE_DIR")
+    if not root:
+        try:
+            base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        except RuntimeError:  # no home directory: the temporary directory's
+            base = tempfile.gettempdir()
+        root = os.path.join(base, "opd")
     return Path(root) / "tokenizer_classes.json"
 
 

@@ -84,6 +84,9 @@ class TrainerSink(Sink):
             self.tracker.log_metrics(metrics, step)
 
     async def close(self, status: str) -> None:
+        if self.pending:
+            logger.info("%d groups at the end of the run did not fill a trainer batch (trainer.batch_groups=%d); not trained on "
+                        "(summary/untrained_groups)", len(self.pending), self.cfg.batch_groups)
         if self.tracker is not None and self.steps and self.weights_dir.exists():
             try:
                 self.tracker.log_artifacts(self.weights_dir, "final_weights")
@@ -92,4 +95,4 @@ class TrainerSink(Sink):
 
     def summary(self) -> dict[str, float]:
         return {"summary/trainer_steps": float(self.steps), "summary/stale_groups_dropped": float(self.stale_dropped),
-                "summary/weight_version": float(self.env.weight_version)}
+                "summary/untrained_groups": float(len(self.pending)), "summary/weight_version": float(self.env.weight_version)}

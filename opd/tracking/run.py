@@ -186,6 +186,8 @@ class Tracker:
             thread.join()
         assert self._process is not None
         self._process.wait()
+        if self.run_file is not None:  # nothing left for a resume to wait for
+            self.run_file.with_name(PROCESS_FILE).unlink(missing_ok=True)
         if done.exception() is None and self._opened.exception() is None:
             logger.info("MLflow run %s ended %s", self._opened.result()[0], status if self._error is None else "FAILED")
         return self._error
@@ -268,24 +270,26 @@ class Tracker:
 def previous_run_id(out: Path, wait_s: float = 120.0) -> str | None:
     """The MLflow run a killed run in `out` was logging to (for resume=true), if any. A killed
     run's tracking process still sends the calls it was given, then exits: wait for it first."""
-    process = out / PROCESS_FILE
-    if process.exists():
-        pid, deadline = int(process.read_text() or 0), time.monotonic() + wait_s
-        while pid > 0 and _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
+    try:
+        pid = int((out / PROCESS_FILE).read_text() or 0)
+    except (OSError, ValueError):
+        pid = 0
+    deadline = time.monotonic() + wait_s
+    while pid > 0 and _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
     path = out / RUN_FILE
     return json.loads(path.read_text()).get("run_id") if path.exists() else None
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` is still a running tracking process: not exited, not a zombie, and not
+    another program that got the pid since."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
         return False
-    except PermissionError:
-        return True
-    status = Path(f"/proc/{pid}/stat")  # an exited child not yet reaped is not alive
-    return not (status.exists() and status.read_text().rsplit(")", 1)[-1].split()[0] == "Z")
+    return b"opd.tracking.session" in cmdline and state != "Z"
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,7 @@ def serve(calls: Any, answers: Any) -> bool:
     while True:
         try:
             name, args = pickle.load(calls)
-        except EOFError:
+        except (EOFError, pickle.UnpicklingError):  # the run died, maybe in the middle of a call
             return False
         try:
             if session is None:

@@ -57,8 +57,9 @@ def terms(logits: torch.Tensor, batch: Batch, clip: float) -> Terms:
     trained = batch.trained
     advantage = batch.advantages.unsqueeze(-1).expand_as(new_lp)
     pg, clipped = _surrogate(new_lp, batch.old_logprobs, advantage, trained, clip)
-    # k3 estimate of KL(sampler || current) on trained tokens: how far the policy has moved.
-    log_ratio = torch.where(trained, batch.old_logprobs - new_lp, torch.zeros_like(new_lp))
+    # k3 estimate of KL(sampler || current) on trained tokens, which the sampler drew: with
+    # r = current / sampler, E_sampler[r - 1 - log r] = KL(sampler || current). How far the policy moved.
+    log_ratio = torch.where(trained, new_lp - batch.old_logprobs, torch.zeros_like(new_lp))
     kl = torch.where(trained, torch.exp(log_ratio) - 1 - log_ratio, torch.zeros_like(new_lp)).sum()
     opd_where = batch.has_teacher & trained
     opd_adv = (batch.teacher_logprobs - batch.old_logprobs).detach()
