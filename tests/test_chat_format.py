@@ -289,3 +289,18 @@ def test_an_unknown_parser_name_ends_the_run_before_any_group_is_written(tmp_pat
     assert isinstance(raised.value, ConfigError) and raised.value.key == "model"
     assert client.prompts, "the first requests went out before the parser was loaded"
     assert out.read_text() == ""
+
+
+def test_a_turn_with_more_calls_than_the_cap_runs_only_the_first_ones(families) -> None:
+    """vLLM's parser reads every well-formed call of a turn; past MAX_CALLS_PER_TURN the rest are
+    one error result, on the whole-turn path as on the one-by-one fallback."""
+    from opd.agent.chat_format import MAX_CALLS_PER_TURN
+
+    _, tokenizer, fmt = families["qwen2_5"]
+    parser = TurnParser(fmt, tokenizer, coding_prompt.TOOLS)
+    one = fmt.call_text("terminal", {"command": "echo hi"}) + "\n"
+    for calls in (parser.parse(one * 40).calls, parser.calls(one * 40)):
+        assert len(calls) == MAX_CALLS_PER_TURN + 1
+        assert all(isinstance(c, ToolCall) for c in calls[:MAX_CALLS_PER_TURN])
+        assert isinstance(calls[-1], ToolCallError) and "40 tool calls in one turn" in str(calls[-1])
+    assert len(parser.parse(one * MAX_CALLS_PER_TURN).calls) == MAX_CALLS_PER_TURN

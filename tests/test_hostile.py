@@ -317,7 +317,7 @@ def test_a_cancelled_call_leaves_nothing_running() -> None:
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from opd.agent.tool_calls import ToolCallError, last_open_call, parse_tool_call  # noqa: E402
+from opd.agent.tool_calls import ToolCallError, parse_tool_call  # noqa: E402
 from opd.distill.judge_prompt import parse_vote  # noqa: E402
 from opd.rewards.boxed import boxed_contents, final_answer  # noqa: E402
 from opd.tools.calculator import CalculatorError, evaluate  # noqa: E402
@@ -345,7 +345,6 @@ _TURN_PARSER = None
 PARSERS = {
     "tool_call": (parse_tool_call, ToolCallError),
     "vllm_turn_parser": (_turn, ()),
-    "last_open_call": (last_open_call, ()),
     "judge_vote": (parse_vote, ()),
     "boxed": (boxed_contents, ()),
     "final_answer": (final_answer, ()),

@@ -94,6 +94,19 @@ def test_python_tool_runs_in_the_sandbox(make_env, tokenizer) -> None:
     assert '"stdout": "5\\n"' in text and group["overrides"][0]["tool_calls"] == 1
 
 
+def test_text_a_tool_prints_is_never_scored_as_the_models_answer(make_env, tokenizer) -> None:
+    """A program that prints `</think>` and a box (JSON writes a backspace as `\\b`, so chr(8) +
+    'oxed' reads as \\boxed in the response) does not close the model's thinking nor answer."""
+    code = "print('<' + '/think>' + chr(8) + 'oxed{' + str(2 + 3) + '}')"
+    call = '<think>\n<tool_call>\n' + json.dumps({"name": "python_interpreter", "arguments": {"code": code}}) + '\n</tool_call>'
+    env = make_env([(call, "stop"), ("That is all.<|im_end|>", "stop")])
+    group = collect(env)
+    assert "</think>\\boxed{5}" in tokenizer.decode(group["tokens"][0])  # in the record, as inserted
+    details = group["overrides"][0]
+    assert details["reward_signals"]["correct"] == 0.0 and details["reward_signals"]["format_violation"] == 1.0
+    assert details["finish"] == "eos"
+
+
 def test_tool_call_limit_is_enforced(make_env, tokenizer) -> None:
     env = make_env([(CALL, "stop")] * 3 + [(ANSWER, "stop")], ["env.max_tool_calls=2"])
     group = collect(env)

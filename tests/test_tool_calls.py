@@ -31,3 +31,38 @@ def test_arbitrary_text_never_raises_anything_else(text: str) -> None:
         assert isinstance(call.name, str) and call.name and isinstance(call.arguments, dict)
 
 
+
+
+def test_a_json_integer_past_pythons_digit_limit_is_a_malformed_call() -> None:
+    body = '{"name": "calculator", "arguments": {"expr": ' + "9" * 5000 + "}}"
+    with pytest.raises(ToolCallError, match="not valid JSON"):
+        parse_tool_call(body)
+    with pytest.raises(ToolCallError):
+        parse_tool_call('{"name": "calculator", "arguments": "{\\"expr\\": ' + "9" * 5000 + '}"}')
+
+
+@pytest.mark.parametrize("field", ["expr", "path", "content"])
+def test_a_lone_surrogate_in_an_argument_is_a_malformed_call_not_a_crash(field: str) -> None:
+    """JSON's "\\ud800" escape makes a str that no file, process or tokenizer accepts: refused
+    before any tool runs, with a message the tokenizer can encode."""
+    import asyncio
+
+    from conftest import sandbox_limits
+    from opd.tools import math_tools
+    from opd.tools import workspace as workspace_tools
+    from opd.tools.calculator import CalculatorLimits
+    from opd.tools.registry import Toolbox
+    from opd.tools.workspace import Workspace
+
+    bad = "x\ud800"
+    if field == "expr":
+        outcome = asyncio.run(Toolbox(math_tools.TOOLS, math_tools.MathTools(CalculatorLimits(), sandbox_limits())).run("calculator", {"expr": bad}))
+    else:
+        workspace = Workspace(sandbox_limits())
+        try:
+            arguments = {"path": "a.py", "content": "x = 1"} | {field: bad}
+            outcome = asyncio.run(Toolbox(workspace_tools.TOOLS, workspace).run("write_file", arguments))
+        finally:
+            workspace.close()
+    assert outcome.status == "malformed" and "not valid Unicode" in (outcome.error or "")
+    outcome.as_text().encode("utf-8")

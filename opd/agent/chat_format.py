@@ -135,7 +135,7 @@ class TurnParser:
             logger.debug("vLLM parser %s raised %s", self.fmt.tool_parser, err)
             reasoning, content, calls = None, text, None
         if calls:
-            return ParsedTurn(reasoning, content, [_to_call(c.name, c.arguments) for c in calls])
+            return ParsedTurn(reasoning, content, _capped([_to_call(c.name, c.arguments) for c in calls]))
         # Reasoning parsers that keep calls out of the reasoning leave them in the content.
         region = content if self.fmt.reasoning_parser else text
         return ParsedTurn(reasoning, content, self.calls(region or ""))
@@ -147,7 +147,7 @@ class TurnParser:
             return []
         found = self._parse_calls(text)
         if found:
-            return found
+            return _capped(found)
         pieces = text.split(self.fmt.call_start)[1:]
         out: list[ToolCall | ToolCallError] = []
         if len(pieces) > MAX_CALLS_PER_TURN:
@@ -203,17 +203,24 @@ class BackgroundParser:
         self._thread.join(timeout)
 
 
+def _capped(calls: list[ToolCall | ToolCallError]) -> list[ToolCall | ToolCallError]:
+    """The first `MAX_CALLS_PER_TURN` calls of a turn, then one error saying the rest were not read."""
+    if len(calls) <= MAX_CALLS_PER_TURN:
+        return calls
+    return [*calls[:MAX_CALLS_PER_TURN], ToolCallError(f"{len(calls)} tool calls in one turn; only the first {MAX_CALLS_PER_TURN} are read")]
+
+
 def _to_call(name: str | None, arguments: str | None) -> ToolCall | ToolCallError:
     if not name:
         return ToolCallError("tool call has no name")
     try:
         parsed = json.loads(arguments or "{}")
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSON errors, and integers past Python's digit limit
         return ToolCallError(f'the arguments of {name!r} are not JSON')
     if isinstance(parsed, str):  # arguments given as a JSON string of an object
         try:
             parsed = json.loads(parsed)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # JSON errors, and integers past Python's digit limit
             return ToolCallError(f'"arguments" of {name!r} is a string that is not a JSON object')
     if not isinstance(parsed, dict):
         return ToolCallError(f'"arguments" of {name!r} must be a JSON object')

@@ -37,7 +37,7 @@ def parse_tool_call(body: str, max_chars: int = 20_000) -> ToolCall:
         raise ToolCallError(f"tool call longer than {max_chars} characters")
     try:
         data = json.loads(body.strip())
-    except (json.JSONDecodeError, RecursionError) as err:
+    except (ValueError, RecursionError) as err:  # JSON errors, and integers past Python's digit limit
         raise ToolCallError(f"tool call is not valid JSON: {getattr(err, 'msg', err)}") from None
     if not isinstance(data, dict):
         raise ToolCallError('tool call must be a JSON object {"name": ..., "arguments": {...}}')
@@ -47,7 +47,7 @@ def parse_tool_call(body: str, max_chars: int = 20_000) -> ToolCall:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # JSON errors, and integers past Python's digit limit
             raise ToolCallError('"arguments" is a string that is not a JSON object') from None
     if not isinstance(arguments, dict):
         raise ToolCallError('"arguments" must be a JSON object')

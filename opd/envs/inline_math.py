@@ -42,6 +42,9 @@ class Rollout:
 
     sequence: Sequence
     text: str = ""  # the assistant turn, tool responses included, as decoded from its ids
+    # The model's own text, which is scored: the sampled segments with each inserted tool response
+    # replaced by a line break (tool output can print `</think>` or a box; no marker spans a response).
+    written: str = ""
     tool_calls_run: int = 0  # calls that reached a tool (its result may be an error)
     tool_errors: int = 0  # calls whose result is an error: malformed, refused or failed
     finish: str = "eos"  # eos | max_new_tokens | context | tool_after_think
@@ -88,7 +91,9 @@ class InlineMathEnv(OPDBaseEnv):
             before = len(rollout.text)
             rollout.sequence.add_generated(gen.token_ids, gen.logprobs)
             rollout.generated_tokens += len(gen.token_ids)
-            rollout.text += self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+            piece = self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+            rollout.text += piece
+            rollout.written += piece
             if gen.finish_reason == "length":
                 continue  # the budget ends it, or the next segment continues it
             # vLLM stops on the marker as text: it is in the new text (or spans the previous
@@ -101,7 +106,7 @@ class InlineMathEnv(OPDBaseEnv):
             if not calls and gen.token_ids and gen.token_ids[-1] == self.tokenizer.eos_token_id:
                 rollout.finish = "eos"  # the marker is the end of the message (Mistral's </s>) and no call came
                 return rollout
-            if "</think>" in rollout.text:
+            if "</think>" in rollout.written:
                 rollout.finish = "tool_after_think"
                 return rollout
             await self._answer_call(rollout, calls[-1] if calls else ToolCallError(f"{end} without {self.chat_format.call_start}"))
@@ -124,11 +129,12 @@ class InlineMathEnv(OPDBaseEnv):
         response = self.chat_format.response_text(shown)
         rollout.sequence.add_inserted(self.tokenizer.encode(response, add_special_tokens=False))
         rollout.text += response
+        rollout.written += "\n"
 
     async def score(self, rollout: Rollout, answer: str) -> Scored:
-        correct = await rewards.check_answer(rollout.text, answer, self.verifier, self.reward_cfg.max_answer_chars)
+        correct = await rewards.check_answer(rollout.written, answer, self.verifier, self.reward_cfg.max_answer_chars)
         rollout.verify_timed_out = correct is None
-        scored = self.rubric.score(rewards.MathOutcome(rollout.text, rollout.tool_calls_run, bool(correct), self.tool_markers))
+        scored = self.rubric.score(rewards.MathOutcome(rollout.written, rollout.tool_calls_run, bool(correct), self.tool_markers))
         if self.reward_cfg.format_penalty == "flat" and scored.signals["format_violation"]:
             return Scored(self.reward_cfg.flat_format_score, scored.signals)
         return scored

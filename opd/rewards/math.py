@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 class MathOutcome:
     """What the signals need to know about one finished rollout."""
 
-    text: str  # the assistant turn's generated text, tool responses included
+    text: str  # the assistant turn's text the model wrote (inserted tool responses left out)
     tool_calls_run: int  # tool calls that were executed (well-formed, within the limit)
     answer_correct: bool  # the final answer verified against the reference
     # Text that marks tool use after </think> (the format's call start and response marker).

@@ -91,8 +91,13 @@ class Toolbox:
         if tool is None:
             return ToolOutcome("malformed", name, error=f"unknown tool {name!r}; available: {', '.join(self.tools)}")
         for key, _ in tool.parameters:
-            if not isinstance(arguments.get(key), str):
+            value = arguments.get(key)
+            if not isinstance(value, str):
                 return ToolOutcome("malformed", name, error=f'{name} needs a "{key}" string')
+            try:  # JSON's \ud800 escapes make strings that no file, process or tokenizer takes
+                value.encode("utf-8")
+            except UnicodeEncodeError as err:
+                return ToolOutcome("malformed", name, error=f'the "{key}" string of {name} is not valid Unicode ({err.reason} at {err.start})')
         try:
             return ToolOutcome("ok", name, content=await tool.run(self.context, arguments))
         except ToolError as err:
