@@ -11,8 +11,9 @@ Per call (`env.sandbox.backend: bwrap`):
   bind that leaked would not let one rollout read or write another's files or signal its
   processes, and the process limit (RLIMIT_NPROC, counted per uid) is the call's own;
 - resource limits set before anything runs (`prlimit`): CPU seconds, address space, file size,
-  open files, processes, no core dumps; a wall-clock timeout after which the jail is killed, and
-  with it every process inside;
+  open files, processes, no core dumps; where the launcher may create control groups, a memory and
+  a process limit for all the call's processes together (`opd.tools.cgroups`); a wall-clock
+  timeout after which the jail is killed, and with it every process inside;
 - output captured to files outside the jail and cut to `output_chars`; the error says in words
   which limit stopped the call (CPU seconds, memory, file size, wall clock, a signal).
 
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from opd.config import SandboxConfig
+from opd.tools import cgroups
 
 logger = logging.getLogger(__name__)
 
@@ -412,21 +414,39 @@ def spawn(argv: list[str], workdir: Path, limits: SandboxConfig, uid: int | None
     check_backend(limits.backend)
     bin_dir = BIN_DIR if limits.backend == "bwrap" else _host_bin_dir()
     env = {**ENVIRONMENT, "HOME": str(workdir), "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"}
-    return subprocess.Popen(jail_command(argv, workdir, limits, uid, read_only), cwd="/", env=env,
-                            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, close_fds=True, pass_fds=pass_fds, start_new_session=True)
+    group = cgroups.create(limits.memory_mb, limits.max_processes)
+    command = [*(group.join_command() if group else []), *jail_command(argv, workdir, limits, uid, read_only)]
+    try:
+        proc = subprocess.Popen(command, cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, close_fds=True,
+                                pass_fds=pass_fds, start_new_session=True)
+    except BaseException:
+        if group is not None:
+            group.remove()
+        raise
+    if group is not None:
+        _GROUPS[proc.pid] = group
+    return proc
+
+
+# The control group of each started jail (opd.tools.cgroups), removed by `stop`.
+_GROUPS: dict[int, cgroups.CallGroup] = {}
 
 
 async def stop(proc: subprocess.Popen, uid: int | None = None) -> None:
     """Kill a jail and wait for it: its processes die with it (PID namespace, die-with-parent); the
     group kill also ends the chain before the jail exists. With `uid`, also wait (up to 5 s) until
     the kernel has reaped every process of that uid: the uid's next call counts them against its
-    process limit, and a fork bomb's thousand children take a moment to go."""
+    process limit, and a fork bomb's thousand children take a moment to go. Then its control
+    group is removed."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     if proc.returncode is None:
         await exited(proc)
     if uid is not None:
         await asyncio.to_thread(_wait_until_gone, uid, 5.0)
+    group = _GROUPS.pop(proc.pid, None)
+    if group is not None:
+        await asyncio.to_thread(group.remove)
 
 
 def _processes_of(uid: int) -> int:

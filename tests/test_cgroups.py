@@ -1,0 +1,66 @@
+"""A sandboxed call's memory and process limits hold for the whole call, not per process
+(opd/tools/cgroups.py): a call that forks cannot multiply its memory, and a call without a
+leased uid still has a process limit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import sandbox_limits
+from opd.tools import cgroups
+from opd.tools.sandbox import make_call_dir, remove_call_dir, run_command, run_python
+
+pytestmark = pytest.mark.skipif(not cgroups.available(), reason="needs root and the cgroup v1 memory and pids controllers")
+
+# Four children, each touching 150 MiB: 600 MiB in all, each well under the per-process limit.
+FAN_OUT = """
+import os, sys
+children = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(150 * 1024 * 1024)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        os._exit(0)
+    children.append(pid)
+print(sum(os.waitpid(pid, 0)[1] == 0 for pid in children), "children held 150 MiB")
+"""
+
+
+def test_forked_children_share_the_calls_memory_limit() -> None:
+    result = asyncio.run(run_python(FAN_OUT, sandbox_limits(memory_mb=256, timeout_s=30)))
+    held = int(result.stdout.split()[0]) if result.stdout.strip() else 0
+    assert held <= 1, result  # 256 MiB for the whole call: at most one child can hold its 150 MiB
+    # The same program with room for all four: the limit, not the program, stopped them.
+    roomy = asyncio.run(run_python(FAN_OUT, sandbox_limits(memory_mb=1024, timeout_s=30)))
+    assert roomy.stdout.startswith("4 children"), roomy
+
+
+def test_a_call_without_a_leased_uid_still_has_a_process_limit() -> None:
+    """uid None (a launcher that is not root runs every call as itself): RLIMIT_NPROC cannot be
+    the call's own, the group's pids.max is."""
+    workdir = make_call_dir("cg-", None)
+    script = "for i in $(seq 40); do sleep 3 & done; echo started; wait"
+    try:
+        capped = asyncio.run(run_command(["/bin/sh", "-c", script], workdir, sandbox_limits(max_processes=16, timeout_s=20), None))
+        roomy = asyncio.run(run_command(["/bin/sh", "-c", script], workdir, sandbox_limits(max_processes=64, timeout_s=20), None))
+    finally:
+        remove_call_dir(workdir)
+    assert "Cannot fork" in capped.stderr and "started" not in capped.stdout, capped
+    assert roomy.exit_code == 0 and "started" in roomy.stdout, roomy
+
+
+def test_groups_are_removed_after_their_calls_and_a_dead_launchers_groups_by_the_next() -> None:
+    mine = [d for c in cgroups.CONTROLLERS for d in cgroups.base(c).iterdir() if d.name.startswith(f"{os.getpid()}-")]
+    assert mine == []  # every call above removed its groups
+    # A group left by a launcher that is gone (a pid that cannot exist) goes at the next sweep.
+    stale = [cgroups.base(c) / "4999999-0" for c in cgroups.CONTROLLERS]
+    for directory in stale:
+        directory.mkdir()
+    cgroups._sweep()
+    assert not any(Path(d).exists() for d in stale)
