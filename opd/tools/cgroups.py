@@ -91,11 +91,11 @@ class CallGroup:
                     break
                 except FileNotFoundError:
                     break
-                except OSError as err:  # EBUSY: processes still leaving
+                except OSError as err:  # EBUSY: processes still leaving (for a moment)
                     if time.monotonic() > deadline:
                         logger.warning("control group %s not removed: %s", directory, err)
                         break
-                    time.sleep(0.02)
+                    time.sleep(0.002)
 
 
 def create(memory_mb: int, max_processes: int) -> CallGroup | None:
