@@ -121,7 +121,7 @@ def run_all(cases: list[tuple[dict, str]], at_once: int = 4) -> list[str]:
                 workspace.write_file("t.py", task["test_code"])
                 return await workspace.terminal("python t.py")
             finally:
-                workspace.close()
+                await workspace.close()
 
     async def main() -> list[str]:
         slots = asyncio.Semaphore(at_once)

@@ -50,7 +50,7 @@ def workspace(limits=LIMITS, **kwargs):
     try:
         yield ws, Toolbox(workspace_tools.TOOLS, ws)
     finally:
-        ws.close()
+        asyncio.run(ws.close())
 
 
 def _sleepers() -> list[str]:
@@ -289,9 +289,64 @@ def test_a_workspace_over_its_quota_is_emptied_and_closed() -> None:
     with workspace(sandbox_limits(timeout_s=10, workspace_mb=4, file_size_mb=2)) as (ws, tools):
         call(tools, "write_file", path="solution.py", content=GOOD)
         output = call(tools, "terminal", command="for i in 1 2 3 4; do head -c 1500000 /dev/zero > f$i; done; echo done")
-        assert "over its 4 MiB quota" in output and ws.used_mb() == 0
+        assert "over its 4 MiB quota" in output and asyncio.run(ws.used_mb()) == 0
         assert "quota" in call(tools, "read_file", path="solution.py")
         assert "quota" in call(tools, "terminal", command="echo again")
+
+
+def test_a_chain_of_directories_thousands_deep_is_measured_and_removed() -> None:
+    # Deeper than Python's recursion limit: a recursive walk or rmtree raised out of the call,
+    # kept the uid leased, and left a directory every later launcher failed to sweep.
+    with workspace() as (ws, tools):
+        assert call(tools, "write_file", path="d/" * 1500 + "f", content="x").startswith("wrote")
+        assert call(tools, "terminal", command="echo next") == "next\n[exit code 0]"
+        root, lease = ws.root, ws.lease
+    assert not root.exists() and lease._fd is None
+    build = "import os\nfor i in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\nprint('built')\n"
+    result = asyncio.run(run_python(build, LIMITS))
+    assert result.stdout == "built\n" and result.error is None
+
+
+def test_files_under_paths_longer_than_path_max_count_against_the_quota() -> None:
+    name = "n" * 250  # 20 of them: a path of 5,000 characters
+    hide = f"for i in $(seq 20); do mkdir {name} && cd {name}; done; head -c 3000000 /dev/zero > a; head -c 3000000 /dev/zero > b; echo stored"
+    with workspace(sandbox_limits(timeout_s=10, workspace_mb=4, file_size_mb=4)) as (ws, tools):
+        output = call(tools, "terminal", command=hide)
+        assert "stored" in output and "over its 4 MiB quota" in output, output
+        assert asyncio.run(ws.used_mb()) == 0
+
+
+def test_many_files_never_stall_the_event_loop() -> None:
+    # Measuring and removing 150,000 files took ~0.4 s and ~1.2 s on the event loop.
+    make = "python -c \"import os\nfor d in range(150):\n os.mkdir(str(d))\n for i in range(1000):\n  os.close(os.open(f'{d}/{i}', os.O_CREAT | os.O_WRONLY))\""
+    ws = Workspace(sandbox_limits(timeout_s=60, cpu_s=60))
+
+    async def calls() -> float:
+        assert (await ws.terminal(make)).endswith("[exit code 0]")
+        gaps, last = [], time.monotonic()
+
+        async def tick() -> None:
+            nonlocal last
+            while True:
+                await asyncio.sleep(0.01)
+                gaps.append(time.monotonic() - last)
+                last = time.monotonic()
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0.05)
+        try:
+            assert await ws.terminal("echo hi") == "hi\n[exit code 0]"
+            await ws.close()
+        finally:
+            ticker.cancel()
+        return max(gaps)
+
+    try:
+        assert asyncio.run(calls()) < 0.2
+    finally:
+        if ws.lease._fd is not None:
+            asyncio.run(ws.close())
+    assert not ws.root.exists()
 
 
 def test_a_cancelled_call_leaves_nothing_running() -> None:

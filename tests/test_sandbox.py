@@ -138,5 +138,95 @@ def test_directories_of_killed_launchers_are_swept(tmp_path: Path) -> None:
     proc.kill()
     proc.wait()
     sandbox._calls_root.cache_clear()
-    sandbox._calls_root()  # a killed one's is removed
+    sandbox._calls_root()  # a killed one's is removed, by a thread
+    sandbox.sweeper.join(30)
     assert not root.exists()
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_the_sweep_removes_any_tree_and_skips_what_it_cannot_remove(tmp_path: Path, monkeypatch, caplog) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("untouched")
+    base = tmp_path / "tmp"
+    base.mkdir()
+    deep, stuck = base / f"opd-sandbox-{_dead_pid()}-deep", base / f"opd-sandbox-{_dead_pid()}-stuck"
+    # A chain deeper than the recursion limit, a path past PATH_MAX, and a link out.
+    fd = os.open(deep.parent, os.O_RDONLY)
+    for name in [deep.name] + ["d"] * 1500 + ["n" * 250] * 20:
+        os.mkdir(name, dir_fd=fd)
+        fd, parent = os.open(name, os.O_RDONLY, dir_fd=fd), fd
+        os.close(parent)
+    os.symlink(outside, "link", dir_fd=fd)
+    os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    os.close(fd)
+    stuck.mkdir()
+    real_rm = sandbox._rm
+    monkeypatch.setattr(sandbox, "_rm", lambda path: ["sh", "-c", "echo cannot >&2; exit 1"] if path == stuck else real_rm(path))
+    monkeypatch.setattr(sandbox.tempfile, "tempdir", str(base))
+    sandbox._calls_root.cache_clear()
+    try:
+        root = sandbox._calls_root()
+        sandbox.sweeper.join(60)
+        assert not deep.exists() and stuck.is_dir() and outside.read_text() == "untouched"
+        assert f"could not remove {stuck} (rm exited with 1): cannot" in caplog.text
+        assert root.parent == base and root.is_dir()  # this launcher goes on
+    finally:
+        sandbox._calls_root.cache_clear()
+
+
+@ROOT_ONLY
+def test_uid_leases_are_machine_wide_whatever_tmpdir_says(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    base = 310_000
+    # Both start their search at `base`: the second must pass over the first's lease.
+    take = "import random\nrandom.randrange = lambda n: 0\nfrom opd.tools.sandbox import UidLease\nlease = UidLease.take({base})\n"
+    holder = subprocess.Popen([sys.executable, "-c", take.format(base=base) + "print(lease.uid, flush=True)\nimport time; time.sleep(30)\n"],
+                              cwd=Path(__file__).parent.parent, env={**os.environ, "TMPDIR": str(tmp_path)}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == str(base)
+        mine = subprocess.run([sys.executable, "-c", take.format(base=base) + "print(lease.uid)"], cwd=Path(__file__).parent.parent,
+                              capture_output=True, text=True, check=True)
+        assert mine.stdout.strip() == str(base + 1)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@ROOT_ONLY
+def test_the_lease_directory_is_made_safely(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(sandbox, "LOCK_PARENTS", (str(tmp_path / "missing"), str(tmp_path)))
+    path = tmp_path / sandbox.LOCK_DIR_NAME
+    try:
+        sandbox._lock_dir.cache_clear()
+        assert sandbox._lock_dir() == path and (path.stat().st_mode & 0o777) == 0o700
+        sandbox._lock_dir.cache_clear()
+        path.chmod(0o777)
+        assert sandbox._lock_dir() == path and (path.stat().st_mode & 0o777) == 0o700
+        path.rmdir()
+        path.symlink_to(tmp_path / "elsewhere")
+        (tmp_path / "elsewhere").mkdir()
+        sandbox._lock_dir.cache_clear()
+        with pytest.raises(sandbox.SandboxUnavailable, match="not a symlink"):
+            sandbox._lock_dir()
+        path.unlink()
+        path.mkdir(mode=0o700)
+        os.chown(path, 12345, 12345)
+        sandbox._lock_dir.cache_clear()
+        with pytest.raises(sandbox.SandboxUnavailable, match="belongs to uid 12345"):
+            sandbox._lock_dir()
+        tmp_path.chmod(0o777)  # a parent where others may rename entries is passed over
+        sandbox._lock_dir.cache_clear()
+        with pytest.raises(sandbox.SandboxUnavailable, match="no directory for uid leases"):
+            sandbox._lock_dir()
+    finally:
+        tmp_path.chmod(0o700)
+        sandbox._lock_dir.cache_clear()

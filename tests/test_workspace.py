@@ -17,7 +17,7 @@ from opd.tools.workspace import Workspace
 def workspace():
     ws = Workspace(sandbox_limits(timeout_s=5, output_chars=300), max_file_chars=1000)
     yield ws
-    ws.close()
+    asyncio.run(ws.close())
     assert not ws.root.exists()
 
 
@@ -59,7 +59,7 @@ def test_terminal_timeout_is_reported(workspace: Workspace) -> None:
     try:
         assert asyncio.run(slow.terminal("sleep 30")).endswith("[timed out after 1 s]")
     finally:
-        slow.close()
+        asyncio.run(slow.close())
 
 
 def test_the_toolbox_turns_bad_calls_into_results(workspace: Workspace) -> None:

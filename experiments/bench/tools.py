@@ -23,6 +23,10 @@ async def _round_trips(calls: int, concurrency: int, make: Any) -> list[float]:
     return await asyncio.gather(*(one() for _ in range(calls)))
 
 
+async def _close_all(workspaces: list[Any]) -> None:
+    await asyncio.gather(*(workspace.close() for workspace in workspaces))
+
+
 def bench_tools(repeats: int, calls: int = 40, concurrency: tuple[int, ...] = (1, 8), overrides: tuple[str, ...] = ()) -> Iterator[dict[str, Any]]:
     """Median wall seconds per call of `1 + 1` in the python tool and of `echo ok` in a workspace
     terminal, one at a time and `concurrency` at a time (as a run's rollouts make them)."""
@@ -50,5 +54,4 @@ def bench_tools(repeats: int, calls: int = 40, concurrency: tuple[int, ...] = (1
                 yield {"bench": "tools", "tool": name, "concurrency": at_once, "calls": calls,
                        "median_s": median(per_run), "p90_s": median([sorted(r)[int(0.9 * len(r))] for r in runs]), "runs": [round(x, 4) for x in per_run]}
         finally:
-            for workspace in workspaces:
-                workspace.close()
+            run_loop(_close_all(workspaces))

@@ -118,7 +118,7 @@ class OPDCodingEnv(OPDBaseEnv):
                                                      self.reward_cfg.max_solution_chars)
                 span.outputs(tests.level)
         finally:
-            workspace.close()
+            await workspace.close()
         outcome = rewards.CodingOutcome(tests.level, rollout.turns_used, self.cfg.max_turns, tuple(rollout.tools_used))
         scored = self.rubric.score(outcome)
         if self.reward_cfg.clamp is not None:

@@ -22,8 +22,9 @@ Where bwrap cannot be used, `backend: unshare` runs the same limits and uid sche
 and shares /tmp); it says so with a warning. A missing or unusable bwrap with `backend: bwrap` is
 an error that names the fix.
 
-The launcher creates and removes the call directories itself; nothing it does follows a path the
-jailed code could have changed (see `opd.tools.workspace` for the file tools).
+The launcher creates the call directories itself, and measures and removes them with coreutils `du`
+and `rm` off the event loop (any depth and path length); nothing it does follows a path the jailed
+code could have changed (see `opd.tools.workspace` for the file tools).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -102,12 +104,50 @@ class SandboxResult:
 # ---- uids ----------------------------------------------------------------------------------
 
 
+# Where a root launcher locks its uid leases: the first of these that is a system directory (owned
+# by root, writable by others only when sticky). A fixed place, whatever TMPDIR says: launchers with
+# different TMPDIRs, or with private /tmp directories (Slurm's job_container/tmpfs), share it.
+# /run/lock is the FHS place for the machine's lock files (a tmpfs: emptied at boot, as the locks
+# are); /tmp only where neither exists, with a warning.
+LOCK_PARENTS = ("/run/lock", "/var/lock", "/tmp")
+LOCK_DIR_NAME = "opd-uid-leases"
+
+
+def _system_dir(path: str) -> bool:
+    """Is `path` a directory that only root can rename entries in (root's, not writable by others,
+    or sticky)?"""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    writable_by_others = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and (not writable_by_others or bool(info.st_mode & stat.S_ISVTX))
+
+
 @lru_cache(maxsize=1)
 def _lock_dir() -> Path:
-    """Where uid leases are locked: a root-only directory (jailed code cannot reach it)."""
-    path = Path(tempfile.gettempdir()) / f"opd-uid-leases-{os.geteuid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
+    """The machine's directory of uid leases (see LOCK_PARENTS): a directory, not a symlink, owned
+    by this (root) launcher, mode 0700, so no jailed code can reach it; anything else found under
+    its name is an error that says so."""
+    parent = next((p for p in LOCK_PARENTS if _system_dir(p)), None)
+    if parent is None:
+        raise SandboxUnavailable(f"no directory for uid leases: none of {', '.join(LOCK_PARENTS)} is a root-owned directory")
+    if parent == "/tmp":
+        logger.warning("uid leases are locked in /tmp (no /run/lock or /var/lock): launchers with private /tmp directories may share uids")
+    path = Path(parent) / LOCK_DIR_NAME
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise SandboxUnavailable(f"{path} must be a directory (not a symlink) for uid leases: {err.strerror}; remove it") from None
+    try:
+        owner = os.fstat(fd).st_uid
+        if owner != os.geteuid():
+            raise SandboxUnavailable(f"{path} belongs to uid {owner}, not to this launcher's uid {os.geteuid()}; remove it")
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
     return path
 
 
@@ -127,7 +167,7 @@ class UidLease:
         start = random.randrange(UID_COUNT)
         for step in range(UID_COUNT):
             uid = base + (start + step) % UID_COUNT
-            fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -174,17 +214,30 @@ def _launcher_gone(directory: Path) -> bool:
 @lru_cache(maxsize=1)
 def _calls_root() -> Path:
     """This launcher's directory of call directories (removed at exit); those of launchers that
-    were killed are removed here."""
+    were killed are removed meanwhile by a thread (`sweeper`)."""
     base = Path(tempfile.gettempdir())
-    for stale in base.glob("opd-sandbox-*"):
-        if stale.is_dir() and not stale.is_symlink() and _launcher_gone(stale):
-            shutil.rmtree(stale, ignore_errors=True)
+    stale = [path for path in base.glob("opd-sandbox-*") if path.is_dir() and not path.is_symlink() and _launcher_gone(path)]
     root = Path(tempfile.mkdtemp(prefix=f"opd-sandbox-{os.getpid()}-", dir=base))
     os.chmod(root, 0o711)  # leased uids may enter their own directory, not list the others
     fd = os.open(root / ".owner", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)  # held for the life of this process
-    atexit.register(shutil.rmtree, root, True)
+    atexit.register(remove_now, root)
+    if stale:
+        global sweeper
+        sweeper = threading.Thread(target=_sweep, args=(stale,), name="opd-sandbox-sweep", daemon=True)
+        sweeper.start()
     return root
+
+
+# The thread removing the directories of killed launchers (None until one was needed).
+sweeper: threading.Thread | None = None
+
+
+def _sweep(stale: list[Path]) -> None:
+    """Remove killed launchers' directories, one after another; one that cannot be removed is
+    logged and left."""
+    for path in stale:
+        remove_now(path)
 
 
 def make_call_dir(prefix: str, uid: int | None) -> Path:
@@ -205,9 +258,76 @@ def scratch_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=_calls_root()))
 
 
-def remove_call_dir(path: Path) -> None:
-    """Remove a call directory (shutil.rmtree never follows a symlink the code left)."""
-    shutil.rmtree(path, ignore_errors=True)
+# ---- measuring and removing call directories -------------------------------------------------
+# Jailed code decides what its directory holds: chains thousands of directories deep, paths far
+# longer than PATH_MAX, hundreds of thousands of files. coreutils `du` and `rm` walk any of these
+# (gnulib's fts: iterative, through directory descriptors relative to their parent, never a full
+# path), never follow a symlink (`du --no-dereference`; `rm` removes a link itself) and stay on the
+# file system of the directory they were given (`--one-file-system`), so nothing outside it is
+# read or touched. They run as processes of their own, awaited through a pidfd: the event loop
+# goes on meanwhile. Nothing of the directory's jail runs while they do.
+
+
+def _du(path: Path) -> list[str]:
+    return [shutil.which("du") or "du", "--summarize", "--one-file-system", "--no-dereference", "--block-size=1", "--", str(path)]
+
+
+def _rm(path: Path) -> list[str]:
+    return [shutil.which("rm") or "rm", "--recursive", "--force", "--one-file-system", "--", str(path)]
+
+
+async def _finished(argv: list[str]) -> tuple[int, str, str]:
+    """Run `argv` to its end without blocking the event loop: (exit code, stdout, stderr's start)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True)
+        code = await exited(proc)
+        out.seek(0)
+        err.seek(0)
+        return code, out.read(4096).decode(errors="replace"), err.read(2000).decode(errors="replace").strip()
+
+
+def _removal_failed(path: Path, code: int, stderr: str) -> None:
+    logger.error("could not remove %s (rm exited with %d): %s", path, code, stderr[:500] or "no message")
+
+
+async def remove_call_dir(path: Path) -> None:
+    """Remove a call directory, whatever it holds, without blocking the event loop. A failure is
+    logged, never raised: the caller goes on (and frees its uid)."""
+    try:
+        code, _, stderr = await _finished(_rm(path))
+    except OSError as err:  # rm could not start (no processes left, no memory)
+        code, stderr = -1, str(err)
+    if code != 0:
+        _removal_failed(path, code, stderr)
+
+
+def remove_now(path: Path) -> bool:
+    """`remove_call_dir` for where no event loop runs (the sweep's thread, exit); False (logged)
+    when it failed."""
+    try:
+        done = subprocess.run(_rm(path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, close_fds=True)
+    except OSError as err:
+        _removal_failed(path, -1, str(err))
+        return False
+    if done.returncode != 0:
+        _removal_failed(path, done.returncode, done.stderr.decode(errors="replace").strip())
+    return done.returncode == 0
+
+
+async def disk_usage(path: Path) -> int | None:
+    """Bytes of disk that the files and directories under `path` take (`path` itself not counted;
+    a file linked twice counts once), at any depth and path length, without blocking the event
+    loop; None, logged, when some of it could not be measured. Allocated blocks, not apparent
+    sizes: what fills the disk (a sparse file counts what it occupies)."""
+    try:
+        code, stdout, stderr = await _finished(_du(path))
+        own = os.lstat(path).st_blocks * 512
+    except OSError as err:
+        code, stdout, stderr = -1, "", str(err)
+    if code != 0 or not stdout.split("\t")[0].isdigit():
+        logger.error("could not measure %s (du exited with %d): %s", path, code, stderr[:500] or "no message")
+        return None
+    return int(stdout.split("\t")[0]) - own
 
 
 # ---- the jail ------------------------------------------------------------------------------
@@ -500,5 +620,7 @@ async def run_python(code: str, limits: SandboxConfig) -> SandboxResult:
             handle.write(code)
         return await run_command([interpreter()[0], "-I", "-c", _RUNNER, str(snippet)], workdir, limits, lease.uid)
     finally:
-        remove_call_dir(workdir)
-        lease.release()
+        try:
+            await remove_call_dir(workdir)
+        finally:
+            lease.release()

@@ -15,13 +15,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import stat
 from pathlib import PurePosixPath
 
 from opd.config import SandboxConfig
 from opd.tools.registry import Tool, ToolError
-from opd.tools.sandbox import UidLease, make_call_dir, remove_call_dir, run_command
+from opd.tools.sandbox import UidLease, disk_usage, make_call_dir, remove_call_dir, run_command
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class Workspace:
-    """A fresh directory and uid for one rollout; `close()` removes the directory, frees the uid."""
+    """A fresh directory and uid for one rollout; `await close()` removes the directory, frees the uid."""
 
     def __init__(self, limits: SandboxConfig, max_file_chars: int = 20_000) -> None:
         self.limits = limits
@@ -40,9 +41,12 @@ class Workspace:
         # every later call is refused.
         self.over_quota = False
 
-    def close(self) -> None:
-        remove_call_dir(self.root)
-        self.lease.release()
+    async def close(self) -> None:
+        """Remove the directory (off the event loop; a failure is logged) and free the uid."""
+        try:
+            await remove_call_dir(self.root)
+        finally:
+            self.lease.release()
 
     # ---- paths ------------------------------------------------------------------------------
 
@@ -177,26 +181,21 @@ class Workspace:
         result = await run_command(["/bin/bash", "-c", command], self.root, self.limits, self.lease.uid)
         output = result.stdout + result.stderr
         status = f"timed out after {self.limits.timeout_s:g} s" if result.timed_out else f"exit code {result.exit_code}"
-        if self.used_mb() > self.limits.workspace_mb:
-            self._clear()
+        if await self.used_mb() > self.limits.workspace_mb:
+            await self._clear()
             status += f"; the workspace went over its {self.limits.workspace_mb} MiB quota and its files were removed"
         return f"{output}[{status}]"
 
-    def used_mb(self) -> float:
-        """Disk space the workspace's files take (walked without following links; nothing of the
-        workspace runs meanwhile)."""
-        used = 0
-        for folder, dirs, files in os.walk(self.root, followlinks=False):
-            for name in dirs + files:
-                try:
-                    used += os.lstat(os.path.join(folder, name)).st_blocks * 512
-                except OSError:
-                    continue
-        return used / (1024 * 1024)
+    async def used_mb(self) -> float:
+        """Disk space the workspace's files take, at any depth (`sandbox.disk_usage`; nothing of the
+        workspace runs meanwhile); infinite when it could not be measured, so that what cannot be
+        measured cannot escape the quota."""
+        used = await disk_usage(self.root)
+        return math.inf if used is None else used / (1024 * 1024)
 
-    def _clear(self) -> None:
+    async def _clear(self) -> None:
         logger.warning("a workspace went over its %d MiB quota; its files were removed", self.limits.workspace_mb)
-        remove_call_dir(self.root)
+        await remove_call_dir(self.root)
         self.root = make_call_dir("rollout-", self.lease.uid)
         self.over_quota = True
 

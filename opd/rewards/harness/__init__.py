@@ -88,15 +88,16 @@ async def run_tests(solution: str, tests: str, limits: SandboxConfig) -> TestOut
             return TestOutcome("crash", "the tests ended without a verdict: " + read_cut(capture / "tests", 1000))
         return verdict
     finally:
-        for proc, lease in zip(procs, leases):
-            await stop(proc, lease.uid)  # nothing of the uid outlives its lease
-        for fd in fds:
-            os.close(fd)
-        for directory in (server_dir, tests_dir):
-            remove_call_dir(directory)
-        shutil.rmtree(capture, ignore_errors=True)
-        for lease in leases:
-            lease.release()
+        try:
+            for proc, lease in zip(procs, leases):
+                await stop(proc, lease.uid)  # nothing of the uid outlives its lease
+            for fd in fds:
+                os.close(fd)
+            shutil.rmtree(capture, ignore_errors=True)
+            await asyncio.gather(remove_call_dir(server_dir), remove_call_dir(tests_dir))
+        finally:
+            for lease in leases:
+                lease.release()
 
 
 def _read_verdict(fd: int) -> TestOutcome | None:
