@@ -50,7 +50,7 @@ def test_a_call_without_a_leased_uid_still_has_a_process_limit() -> None:
         capped = asyncio.run(run_command(["/bin/sh", "-c", script], workdir, sandbox_limits(max_processes=16, timeout_s=20), None))
         roomy = asyncio.run(run_command(["/bin/sh", "-c", script], workdir, sandbox_limits(max_processes=64, timeout_s=20), None))
     finally:
-        remove_call_dir(workdir)
+        asyncio.run(remove_call_dir(workdir))
     assert "Cannot fork" in capped.stderr and "started" not in capped.stdout, capped
     assert roomy.exit_code == 0 and "started" in roomy.stdout, roomy
 
