@@ -28,6 +28,7 @@ import pytest
 
 from conftest import ROOT, sandbox_limits
 from opd.rewards.coding import run_task_tests
+from opd.rewards.harness import run_tests, wire
 from opd.tools import workspace as workspace_tools
 from opd.tools.registry import Toolbox
 from opd.tools.sandbox import run_python
@@ -117,6 +118,30 @@ def test_rollouts_run_as_different_uids_and_own_their_files() -> None:
         assert call(one_tools, "terminal", command="id -u").startswith(str(one.lease.uid))
 
 
+def test_process_groups_are_signalled_only_while_their_leader_is_unreaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A reaped leader's pid is free: another rollout's jail (a session leader) may hold it already.
+    signalled: list[tuple[int, bool]] = []
+    real_killpg = os.killpg
+
+    def checked_killpg(pgid: int, sig: int) -> None:
+        try:
+            os.waitid(os.P_PID, pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # not an unreaped child of ours: never signal it
+            signalled.append((pgid, False))
+            raise ProcessLookupError(pgid) from None
+        signalled.append((pgid, True))
+        real_killpg(pgid, sig)
+
+    monkeypatch.setattr(os, "killpg", checked_killpg)
+    # Its children keep the solution's jail busy after the tests' jail has ended.
+    forking = "import os, time\nfor i in range(5):\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n" + GOOD
+    assert asyncio.run(run_tests(forking, TESTS, LIMITS)).level == "pass"
+    with workspace() as (_, tools):
+        assert call(tools, "terminal", command="echo fine") == "fine\n[exit code 0]"
+    assert asyncio.run(run_python("import time\ntime.sleep(60)", LIMITS)).timed_out
+    assert len(signalled) >= 4 and all(unreaped for _, unreaped in signalled), signalled
+
+
 # ---- 2. no privileged walk over paths the code controls --------------------------------------
 
 
@@ -201,6 +226,54 @@ def test_correct_solutions_pass_however_much_they_print_and_however_long_they_ar
             assert asyncio.run(run_task_tests(ws, TESTS, LIMITS, 200_000)).level == "pass"
         outcome = asyncio.run(run_task_tests(ws, TESTS, LIMITS, 50_000))
         assert outcome.level == "crash" and "max_solution_chars" in outcome.detail  # its own setting
+
+
+STAR_FORGERIES = {
+    # (solution.py, tests): each solution's add_3 is wrong; what else it exports must not help it.
+    "shadows_a_builtin": ("def add_3(x):\n    return 0\ndef abs(x):\n    return 0\n", "from solution import *\nassert abs(add_3(1) - 4) == 0\n"),
+    "exports_dunder_name": ("__all__ = ['add_3', '__name__']\ndef add_3(x):\n    return 0\n",
+                            "from solution import *\nif __name__ == '__main__':\n    assert add_3(1) == 4\n"),
+    "replaces_a_helper_of_the_tests": ("def add_3(x):\n    return 0\ndef expected(x):\n    return 0\n",
+                                       "def expected(x):\n    return x + 3\nfrom solution import *\nassert add_3(1) == expected(1)\n"),
+    "replaces_an_import_of_the_tests": ("def add_3(x):\n    return 0\ndef eq(a, b):\n    return True\n",
+                                        "from operator import eq\nfrom solution import *\nassert eq(add_3(1), 4)\n"),
+    "replaces_a_value_of_the_tests": ("EXPECTED = 0\ndef add_3(x):\n    return 0\n", "EXPECTED = 4\nfrom solution import *\nassert add_3(1) == EXPECTED\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STAR_FORGERIES))
+def test_a_star_import_gives_the_tests_no_builtin_dunder_or_name_of_their_own(name: str) -> None:
+    solution, tests = STAR_FORGERIES[name]
+    outcome = asyncio.run(run_tests(solution, tests, LIMITS))
+    assert outcome.level == "assertion", (name, outcome)
+
+
+def test_the_tests_still_get_the_solutions_functions_by_star_or_by_name() -> None:
+    star = "from solution import *\nassert add_3(1) == 4 and LIMIT == 7\n"
+    assert asyncio.run(run_tests(GOOD + "LIMIT = 7\n", star, LIMITS)).level == "pass"
+    assert asyncio.run(run_tests("__all__ = []\n" + GOOD, TESTS, LIMITS)).level == "pass"  # by name, whatever __all__ says
+
+
+def test_humaneval_helpers_come_from_the_prompt_not_from_the_solution() -> None:
+    from opd.data.coding_tasks import humaneval_tasks
+
+    tasks = {t["id"]: t for t in humaneval_tasks()}
+    assert not any("import *" in t["test_code"] for t in tasks.values())
+    # find_zero's tests check the zero with the prompt's `poly`: a solution's `poly` is not used.
+    task = tasks["HumanEval/32"]
+    forged = "def find_zero(xs):\n    return 0.0\ndef poly(xs, x):\n    return 0.0\n"
+    assert asyncio.run(run_tests(forged, task["test_code"], LIMITS)).level == "assertion"
+    assert asyncio.run(run_tests(task["solution"], task["test_code"], LIMITS)).level == "pass"
+
+
+def test_integers_of_any_size_cross_the_harness() -> None:
+    solution = "def power_of_two(n):\n    return 2 ** n\ndef bits(n):\n    return n.bit_length()\n"
+    tests = "from solution import power_of_two, bits\nassert power_of_two(20000) == 2 ** 20000\nassert bits(-10 ** 5000) == (10 ** 5000).bit_length()\n"
+    assert asyncio.run(run_tests(solution, tests, LIMITS)).level == "pass"
+    values = [2 ** 20000, -(10 ** 5000), {"k": (3 ** 9000, [7])}, 2 ** 1024, -(2 ** 1024) + 1, 0, True]
+    assert wire.decode(wire.loads(wire.dumps({"v": wire.encode(values)}))["v"]) == values
+    with pytest.raises(ValueError):  # a decimal number past CPython's digit limit is refused, not converted
+        wire.loads('{"value": ' + "9" * 5000 + "}")
 
 
 # ---- 6. the jail's view of the machine -------------------------------------------------------

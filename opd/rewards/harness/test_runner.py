@@ -8,10 +8,16 @@ The verdict is one JSON object: {"level": "pass" | "assertion" | "crash", "detai
 pass when the tests ran to the end, assertion when one of their assertions failed, crash for
 anything else (the solution did not import, raised, returned something that is not data, or its
 process ended). The solution never runs in this process, so nothing it does can make a test pass.
+
+The stand-in module never holds a dunder name, and `from solution import *` binds only the
+solution's public names that are neither builtins nor names the tests bind themselves: a solution
+cannot replace `abs`, `__name__`, a helper or an import of the tests in their namespace.
 """
 
+import ast
 import builtins
 import json
+import keyword
 import os
 import sys
 import traceback
@@ -72,28 +78,75 @@ def stand_in(link, name):
     return call
 
 
-def solution_module(link):
+def bound_names(tree: ast.Module) -> set[str]:
+    """The names the tests' module level binds (definitions, imports, assignments), not counting
+    those bound only inside their functions or classes."""
+    names = set()
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, ast.Lambda):
+            continue
+        pending.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def settable(name: object) -> bool:
+    """A name the stand-in module may hold: an identifier, not a keyword, not a dunder."""
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name) and not (name.startswith("__") and name.endswith("__"))
+
+
+def star_exportable(name: str, tests_bind: set[str]) -> bool:
+    """May `from solution import *` bind `name` in the tests' namespace?"""
+    return not name.startswith("_") and not hasattr(builtins, name) and name not in tests_bind
+
+
+def solution_module(link, tests_bind: set[str]) -> types.ModuleType:
+    """The stand-in `solution` module; its `__all__` is what a star import may bind."""
     reply = link.ask({"op": "names"})
     if "import_error" in reply:
         raise SolutionError(f"solution.py does not import: {reply['import_error']}")
+    declared = reply.get("all")
+    # Without __all__, a star import takes the public names, as in Python.
+    star = {n for n in declared if isinstance(n, str)} if isinstance(declared, list) else None
     module = types.ModuleType("solution")
     exported = []
     for name, entry in dict(reply.get("names", {})).items():
-        if not isinstance(name, str) or not isinstance(entry, dict):
+        if not settable(name) or not isinstance(entry, dict):
             continue
+        exportable = (star is None or name in star) and star_exportable(name, tests_bind)
         if entry.get("callable"):
             value = stand_in(link, name)
         elif "module" in entry:
-            try:
-                value = __import__(str(entry["module"]))
-            except ImportError:
+            # A module the solution imported reaches the tests only through a star import.
+            value = library_module(entry["module"]) if exportable else None
+            if value is None:
                 continue
         else:
             value = wire.decode(entry.get("value"))
         setattr(module, name, value)
-        exported.append(name)
+        if exportable:
+            exported.append(name)
     module.__all__ = exported
     return module
+
+
+def library_module(name: object) -> types.ModuleType | None:
+    """The installed module `name` (none of this jail's own files), or None."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if not isinstance(name, str) or os.path.exists(os.path.join(here, name.split(".")[0] + ".py")):
+        return None
+    try:
+        return __import__(name)
+    except ImportError:
+        return None
 
 
 def main():
@@ -102,10 +155,10 @@ def main():
     link = Link(requests_fd, answers_fd)
     level, detail = "pass", ""
     try:
-        sys.modules["solution"] = solution_module(link)
         with open(tests, encoding="utf-8") as handle:
-            code = compile(handle.read(), "tests.py", "exec")
-        exec(code, {"__name__": "__main__"})
+            tree = compile(handle.read(), "tests.py", "exec", ast.PyCF_ONLY_AST)
+        sys.modules["solution"] = solution_module(link, bound_names(tree))
+        exec(compile(tree, "tests.py", "exec"), {"__name__": "__main__"})
     except AssertionError:
         level, detail = "assertion", traceback.format_exc(limit=-3)
     except SystemExit as err:

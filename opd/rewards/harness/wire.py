@@ -2,8 +2,11 @@
 
 Only data crosses between the solution's process and the tests' process: None, bools, ints,
 floats (NaN and infinities included), strings, bytes, complex numbers, lists, tuples, dicts,
-sets and frozensets, nested up to `MAX_DEPTH`. Anything else (a function, an instance of a class
-the solution defines, a generator) raises `Unsupported`: the tests then see a TypeError, never an
+sets and frozensets, nested up to `MAX_DEPTH`. Integers of any size cross: those past
+`PLAIN_INT_BITS` as hexadecimal text (conversion in a power-of-two base is linear and has no
+digit limit, unlike JSON's decimal numbers, which CPython caps at 4300 digits; a decimal number
+that long in a message is refused). Anything else (a function, an instance of a class the
+solution defines, a generator) raises `Unsupported`: the tests then see a TypeError, never an
 object whose methods the solution wrote.
 """
 
@@ -16,6 +19,8 @@ from typing import Any
 MAX_DEPTH = 64
 # Longest message, in characters (a bigger one is a protocol error).
 MAX_LINE = 32 * 1024 * 1024
+# Integers with more bits than this cross as {"$int": hex} instead of JSON numbers.
+PLAIN_INT_BITS = 1024
 
 
 class Unsupported(TypeError):
@@ -26,6 +31,8 @@ def encode(value: Any, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         raise Unsupported(f"data nested deeper than {MAX_DEPTH}")
     kind = type(value)
+    if kind is int and value.bit_length() > PLAIN_INT_BITS:
+        return {"$int": format(value, "x")}
     if value is None or kind in (bool, int, float, str):
         return value
     if kind is list:
@@ -67,6 +74,8 @@ def decode(value: Any, depth: int = 0) -> Any:
         return base64.b64decode(body)
     if tag == "$complex":
         return complex(*body)
+    if tag == "$int" and type(body) is str:
+        return int(body, 16)
     raise ValueError(f"unknown tag {tag!r}")
 
 
