@@ -7,6 +7,7 @@ The server listens on a free loopback port; its log and caches go to a folder of
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -149,19 +150,17 @@ class LocalVLLM:
         if process is None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             return
-        if process.poll() is None:
-            try:
+        # The leader stays an unreaped child until the group is killed: its pid, and so the group,
+        # cannot be another process's meanwhile.
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
-                process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
+            if not _exited_unreaped(process.pid, grace_s):
                 logger.warning("vLLM did not stop within %.0f s; killing it", grace_s)
-            except ProcessLookupError:
-                pass
-        # Children (engine core, workers) share the group; make sure none is left.
-        try:
+        # Children (engine core, workers) share the group; make sure none is left. (A leader
+        # already reaped, e.g. by a health check: its group lives on while a child does.)
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         process.wait()
         shutil.rmtree(self.scratch, ignore_errors=True)
         logger.info("vLLM stopped")
@@ -178,3 +177,17 @@ class LocalVLLM:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+def _exited_unreaped(pid: int, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for child `pid` to exit, leaving it unreaped; whether it did."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
