@@ -132,7 +132,9 @@ def _lines(path: Path) -> int:
 def test_every_group_waiting_for_a_worker_wakes_when_one_comes_back() -> None:
     """Groups wait while every worker restarts; one worker given up wakes them (they wait again),
     then the other coming back must reach each of them (a waiter once dropped another's event
-    and waited forever)."""
+    and waited forever). Ray is not imported here: imported before `_join` sets RAY_AUTH_MODE,
+    this process's later clients would send no token to the module's cluster."""
+
     from opd.distributed.source import Worker, WorkerSource
 
     async def scenario() -> list[int]:

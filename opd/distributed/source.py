@@ -54,9 +54,6 @@ class WorkerSource:
     """A `GroupSource` over `workers`; items, metrics and weight versions from `env` (the driver's)."""
 
     def __init__(self, env: OPDBaseEnv, workers: list[Worker], restart_timeout_s: float = 600.0) -> None:
-        import ray
-
-        self.ray = ray
         self.env = env
         self.workers = workers
         # How long a restarting worker may stay unavailable before it counts as gone (a restart
@@ -76,6 +73,7 @@ class WorkerSource:
 
     async def collect_trajectories(self, item: Any) -> tuple[dict[str, Any], list]:
         """One group of `item` from a worker; a worker's death sends it to another."""
+        import ray
         from ray.exceptions import RayActorError, RayTaskError
 
         avoid = None
@@ -100,7 +98,7 @@ class WorkerSource:
                 avoid = worker
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):  # a worker that is gone has nothing to stop
-                    self.ray.cancel(ref)  # the worker stops the group too
+                    ray.cancel(ref)  # the worker stops the group too
                 raise
             finally:
                 worker.in_flight -= 1
