@@ -43,8 +43,11 @@ class Chromium:
         flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--no-first-run", "--no-default-browser-check", "--disable-extensions", "--mute-audio",
                  f"--user-data-dir={self.profile}", "--remote-debugging-port=0", f"--window-size={width},{height}", "about:blank"]
+        # Its temporary files (org.chromium.Chromium.*, left behind otherwise) go with the profile.
+        (self.profile / "tmp").mkdir()
+        env = {**os.environ, "TMPDIR": str(self.profile / "tmp")}
         # Its own session: `close` ends the wrapper script, the browser and its helpers together.
-        self.proc = subprocess.Popen([binary, *flags], stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True)
+        self.proc = subprocess.Popen([binary, *flags], stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True, env=env)
         self.loop = asyncio.new_event_loop()
         self.http: aiohttp.ClientSession | None = None
         self.ws: aiohttp.ClientWebSocketResponse | None = None
