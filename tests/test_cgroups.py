@@ -16,9 +16,10 @@ from opd.tools.sandbox import make_call_dir, remove_call_dir, run_command, run_p
 
 pytestmark = pytest.mark.skipif(not cgroups.available(), reason="needs root and the cgroup v1 memory and pids controllers")
 
-# Four children, each touching 150 MiB: 600 MiB in all, each well under the per-process limit.
+# Four children, each touching 150 MiB and holding it: 600 MiB at once, each well under the
+# per-process limit.
 FAN_OUT = """
-import os, sys
+import os, sys, time
 children = []
 for _ in range(4):
     pid = os.fork()
@@ -26,6 +27,7 @@ for _ in range(4):
         block = bytearray(150 * 1024 * 1024)
         for i in range(0, len(block), 4096):
             block[i] = 1
+        time.sleep(1.5)  # held at once by every child that got it
         os._exit(0)
     children.append(pid)
 print(sum(os.waitpid(pid, 0)[1] == 0 for pid in children), "children held 150 MiB")

@@ -74,12 +74,15 @@ def _remember(key: str, class_name: str) -> None:
             json.dump(known, tmp, indent=0)
         os.replace(tmp.name, path)
     except OSError as err:
-        logger.debug("tokenizer class cache %s not written: %s", path, err)
+        logger.warning("tokenizer class cache %s not written (each start-up pays AutoTokenizer's import): %s", path, err)
 
 
 def remembered_class(name_or_path: str) -> type | None:
     """The class AutoTokenizer picked for these exact files before (None: not known)."""
-    key = _key(Path(name_or_path))
+    return _class_for(_key(Path(name_or_path)))
+
+
+def _class_for(key: str | None) -> type | None:
     name = _read_cache().get(key) if key is not None else None
     if not isinstance(name, str) or not name.isidentifier():
         return None
@@ -91,15 +94,14 @@ def remembered_class(name_or_path: str) -> type | None:
 
 def load_tokenizer(name_or_path: str) -> Any:
     """The tokenizer of `name_or_path` (a local directory or a hub name), as `AutoTokenizer` loads it."""
-    cls = remembered_class(name_or_path)
+    key = _key(Path(name_or_path))
+    cls = _class_for(key)
     if cls is not None:
         return cls.from_pretrained(name_or_path)
+    import transformers
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    key = _key(Path(name_or_path))
-    import transformers
-
     # Only a class transformers exports under its own name can be loaded directly next time.
     if key is not None and getattr(transformers, type(tokenizer).__name__, None) is type(tokenizer):
         _remember(key, type(tokenizer).__name__)
