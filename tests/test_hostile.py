@@ -248,6 +248,14 @@ def test_a_star_import_gives_the_tests_no_builtin_dunder_or_name_of_their_own(na
     assert outcome.level == "assertion", (name, outcome)
 
 
+def test_a_library_module_that_exits_on_import_is_a_crash_not_the_tests_verdict() -> None:
+    """The solution names a module the tests' side imports for its names; one that raises
+    SystemExit there (exit 0 would read as the tests finishing) is reported as what it is."""
+    solution = "import types\nrunner = types.ModuleType('unittest.__main__')\ndef add_3(x):\n    return 0\n"
+    outcome = asyncio.run(run_tests(solution, TESTS, LIMITS))
+    assert outcome.level == "crash" and "importing the solution's names exited" in outcome.detail, outcome
+
+
 def test_the_tests_still_get_the_solutions_functions_by_star_or_by_name() -> None:
     star = "from solution import *\nassert add_3(1) == 4 and LIMIT == 7\n"
     assert asyncio.run(run_tests(GOOD + "LIMIT = 7\n", star, LIMITS)).level == "pass"

@@ -157,7 +157,10 @@ def main():
     try:
         with open(tests, encoding="utf-8") as handle:
             tree = compile(handle.read(), "tests.py", "exec", ast.PyCF_ONLY_AST)
-        sys.modules["solution"] = solution_module(link, bound_names(tree))
+        try:
+            sys.modules["solution"] = solution_module(link, bound_names(tree))
+        except SystemExit as err:  # a library module the solution named exited on import: not the tests' doing
+            raise RuntimeError(f"importing the solution's names exited with {err.code!r}") from None
         exec(compile(tree, "tests.py", "exec"), {"__name__": "__main__"})
     except AssertionError:
         level, detail = "assertion", traceback.format_exc(limit=-3)
