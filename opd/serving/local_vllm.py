@@ -48,7 +48,7 @@ def _healthy(url: str, timeout: float = 2.0) -> bool:
 
 # What vLLM is doing while it starts, by the last of these lines its log holds (in start-up order).
 _PHASES = (
-    ("(APIServer", "reading the model's config"),
+    ("(APIServer", "loading its modules and the model's config"),
     ("Resolved architecture", "setting up the engine"),
     ("(EngineCore", "starting the engine process"),
     ("Starting to load model", "loading the weights"),

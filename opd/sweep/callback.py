@@ -89,6 +89,7 @@ class SweepCallback(Callback):
                 logger.info("sweep.share_server: jobs with trainer=local run at once here, so each starts its own server")
             else:
                 self._start_server(typed, state)
+        state.started = time.time()  # the jobs' clock: their ETA leaves out the shared server's start-up
         path = write_state(state)
         logger.info("sweep of %s jobs, state in %s (swept: %s)", jobs if jobs is not None else "?", path, ", ".join(state.swept) or "nothing")
         if parallel and typed.runner.progress:
@@ -109,6 +110,7 @@ class SweepCallback(Callback):
         from opd.tracking.store import absolute_tracking_uri, artifact_location, check_store
 
         check_store(typed.tracking.uri, typed.tracking.artifact_root)  # a bad store: one line, before any job
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines (creating tables, ...) are noise on the sweep's console
         uri = absolute_tracking_uri(typed.tracking.uri)
         self.client = mlflow.MlflowClient(uri)
         experiment_id = ensure_experiment(self.client, typed.tracking.experiment, artifact_location(uri, typed.tracking.artifact_root))
