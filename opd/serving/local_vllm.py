@@ -59,10 +59,10 @@ _PHASES = (
 
 
 def startup_phase(log_text: str) -> str:
-    """What a starting vLLM server is doing, from its log so far (its imports come first)."""
-    found = [(log_text.rfind(marker), phase) for marker, phase in _PHASES]
-    at, phase = max(found)
-    return phase if at >= 0 else "importing vLLM"
+    """What a starting vLLM server is doing, from its log so far: the furthest step its log has
+    reached (its imports come first; the API server keeps logging through every later step)."""
+    reached = [phase for marker, phase in _PHASES if marker in log_text]
+    return reached[-1] if reached else "importing vLLM"
 
 
 def _read_tail(path: Path, size: int = 1 << 16) -> str:
