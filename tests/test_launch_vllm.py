@@ -171,6 +171,9 @@ def test_readme_command_runs_with_the_embedded_server(tmp_path) -> None:
     assert len(groups) == 2 and all(check_group(g) == [] and "distill_token_ids" in g for g in groups)
     log = (run_dir / "launch.log").read_text()
     assert "vLLM healthy after" in log and "vLLM stopped" in log
+    # While it starts, the user reads how long it has taken, what vLLM is doing and where its log is.
+    assert re.search(r"vLLM starting: \d+ s, [a-zA-Z' ]+ \(log: .*server\.log\)", log), log[-3000:]
+    assert "finished:" in log and (run_dir / "summary.json").exists()
     assert "Application startup complete" in (run_dir / "vllm" / "server.log").read_text()
     port = re.search(r"starting vLLM on port (\d+)", log).group(1)
     leftover = subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True, text=True)

@@ -7,7 +7,6 @@ a command in the README. What a check does depends on what this machine allows:
   `outputs/runs/...` filled in, everything written under a temporary `output_root`, against the
   scripted OpenAI/vLLM-compatible server (`server=vllm`, opd/bench/scripted_server.py) with small
   overrides where the command is long (fewer steps);
-- `vllm`: the same on the fixture model's real vLLM server, started by the command (slow);
 - `fails`: a command for machines this one cannot reach (`gpu-host`): it fails within seconds,
   with one line naming the key;
 - `compose`: a command for resources this machine lacks (a GPU, a hub model, a Ray cluster, 17
@@ -38,7 +37,8 @@ README = ROOT / "README.md"
 
 # command as the README writes it -> (check, why or what it needs)
 CHECKS: dict[str, tuple[str, str]] = {
-    "scripts/install.sh && .venv/bin/python -m experiments.launch env=opd_coding distill_topk=20": ("run", "the main command"),
+    "scripts/install.sh && .venv/bin/python -m experiments.launch env=opd_coding distill_topk=20":
+        ("run", "the main command; with its own vLLM in test_launch_vllm.py::test_readme_command_runs_with_the_embedded_server"),
     "scripts/install.sh && .venv/bin/python -m pytest": ("pytest", "the suite collects (running it here would run it twice)"),
     "scripts/install.sh": ("syntax", "installing is what made this venv"),
     "python -m experiments.launch env=inline_math total_steps=3 group_size=8 seed=1": ("run", "what a run gives you"),
@@ -320,13 +320,3 @@ def test_atroposlib_commands_run_as_written(tmp_path: Path, scripted: str) -> No
     said = out.stdout + out.stderr
     assert "opd_overrides=['model=qwen3']" in said and "validation error" not in said, said[-3000:]
     assert "register_env" in said and "ClientConnectorError" in said, said[-3000:]  # as far as the trainer API, not here
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_the_main_command_with_its_own_vllm(tmp_path: Path) -> None:
-    """The main command as a user types it: the run starts the fixture's vLLM itself."""
-    out = _launch("python -m experiments.launch env=opd_coding distill_topk=20", tmp_path, ["total_steps=2", "group_size=2"], timeout=900)
-    assert re.search(r"vLLM starting: \d+ s, [a-z' ]+ \(log: ", out.stdout), out.stdout[-3000:]
-    summary = json.loads(_only("runs/*/*/summary.json", tmp_path).read_text())
-    assert summary["summary/groups_written"] == 2
