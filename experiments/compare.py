@@ -34,6 +34,12 @@ class Sweep:
     # The objective's metric name, as the jobs recorded it (tag opd.objective).
     objective: str = "objective"
 
+    def tie(self) -> float | None:
+        """The objective every job reached, when two or more jobs all reached the same one (then
+        the ranking's order means nothing); None otherwise."""
+        values = {_number(row["objective"]) for row in self.rows}
+        return values.pop() if len(self.rows) > 1 and len(values) == 1 and None not in values else None
+
     def ranked_by_its_own_reward(self) -> bool:
         """A sweep over reward weights ranked by a reward: the weights themselves scale the
         objective, so the ranking says nothing about the data."""
@@ -228,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     sweep, csv_path, png_path, address = compare(args.target, args.tracking_uri, args.out, args.ui)
     sys.stdout.write(table(sweep.rows) + "\n\n")
+    if (tie := sweep.tie()) is not None:
+        sys.stdout.write(f"every job tied: {sweep.objective} = {tie:.4g} in all {len(sweep.rows)}, so the order above means nothing; "
+                         "run more steps or evaluate (eval.every=N), or rank by another metric (sweep.objective=...)\n\n")
     sys.stdout.write(f"ranked by: {sweep.objective}\ntable: {csv_path}\nplot:  {png_path}\n(logged to the parent run {sweep.parent_run_id} under compare/, with compare_eval.png when the runs evaluated)\n\n")
     sys.stdout.write(f"MLflow UI:  mlflow ui --backend-store-uri {sweep.tracking_uri}\ncompare view: {address}\n")
     return 0

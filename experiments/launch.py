@@ -17,20 +17,38 @@ os.environ.setdefault("WANDB_SILENT", "true")
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from opd.cli import log_path, register_help, report_errors  # noqa: E402
 from opd.config import ConfigError, register, validate  # noqa: E402
 
 logger = logging.getLogger("experiments.launch")
 register()
+register_help()
+
+
+def _run_failures() -> tuple[type[BaseException], ...]:
+    """Errors that end a run for a reason its message says in full (a server lost, too many failed
+    groups, tracking that failed): the console shows the message, the log also the traceback."""
+    from opd.runner import TooManyDropped, TooManyFailures
+    from opd.serving.local_vllm import ServerStartError
+    from opd.serving.watch import ServerLost
+    from opd.sinks.atropos import TrainerAPIError
+    from opd.sweep.slurm import StoppedBySlurm
+    from opd.tracking.run import TrackingFailed
+
+    return (ServerLost, ServerStartError, TooManyFailures, TooManyDropped, TrackingFailed, TrainerAPIError, StoppedBySlurm)
 
 
 def launch(cfg: DictConfig) -> float:
     """Run one experiment from a composed config; return its objective."""
+    from hydra.core.hydra_config import HydraConfig
+
     from opd.run import run_experiment
     from opd.sweep.slurm import stopped_by_slurm
     from opd.sweep.state import current_job
 
+    asked = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     with stopped_by_slurm():
-        return run_experiment(validate(cfg), current_job())
+        return run_experiment(validate(cfg), current_job(), asked)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
@@ -38,14 +56,23 @@ def main(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         return launch(cfg)
     except ConfigError as err:
         # A bad value: one clear line naming the key, no traceback.
         logger.error("configuration error: %s", err)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
+        if in_sweep:
             raise  # in a sweep: this job fails, the others still run, the sweep reports it
         raise SystemExit(2) from None
+    except Exception as err:
+        if not isinstance(err, _run_failures()):
+            raise  # a defect: Hydra prints its traceback
+        logger.debug("the run's traceback", exc_info=True, extra={"file_only": True})
+        logger.error("the run failed: %s: %s (traceback in %s)", type(err).__name__, err, log_path() or "the log")
+        if in_sweep:
+            raise
+        raise SystemExit(1) from None
 
 
 def _terminated(signum: int, frame: Any) -> None:
@@ -55,4 +82,5 @@ def _terminated(signum: int, frame: Any) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _terminated)
+    report_errors()  # a bad input on the command line: one line, not Hydra's report
     main()

@@ -29,6 +29,35 @@ def resolve_model(name: str) -> str:
     return name
 
 
+def vocabulary_size(model: str) -> int | None:
+    """The model's vocabulary (config.json's vocab_size) when `model` is a local directory."""
+    import json
+
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return int(size) if isinstance(size, int) else None
+
+
+def preflight(cfg: Config, model: str) -> None:
+    """What can be checked before any server starts or any request is sent: top-K against the
+    model's vocabulary, and running servers (server=vllm, judge=server) answering and serving the
+    model. Each failure is a ConfigError naming the key."""
+    from opd.serving.watch import check_servers
+
+    vocab = vocabulary_size(model)
+    if vocab is not None:
+        for key, value in (("distill_topk", cfg.distill_topk), ("server.max_logprobs", cfg.server.max_logprobs)):
+            if value > vocab:
+                raise ConfigError(f"{key} must be <= the model's vocabulary ({vocab} tokens, {model}), got {value}", key)
+    if cfg.server.kind == "vllm":
+        check_servers(list(cfg.server.base_urls), model, "server.base_urls", "server.model")
+    if cfg.judge.kind == "server":
+        check_servers([cfg.judge.base_url], cfg.judge.model, "judge.base_url", "judge.model")
+
+
 def load_data(cfg: Config) -> TaskSet:
     """The environment's dataset (loaded before any server starts, so bad paths fail first)."""
     if cfg.env.name == "inline_math":

@@ -39,7 +39,12 @@ def _at_least(key: str, value: float, minimum: float) -> None:
 
 
 def _one_of(key: str, value: Any, allowed: tuple[Any, ...]) -> None:
-    _check(value in allowed, key, f"one of {list(allowed)}", value)
+    if value not in allowed:
+        import difflib
+
+        close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ConfigError(f"{key} must be one of {list(allowed)}, got {value!r}{hint}", key)
 
 
 def _fraction(key: str, value: float) -> None:
@@ -647,6 +652,7 @@ class Config:
     seed: int = MISSING
     distill_topk: int = MISSING
     judge_votes: int = MISSING
+    output_root: str = MISSING
     output_dir: str = MISSING
     resume: bool = MISSING
 
@@ -688,11 +694,25 @@ _SCHEMAS = {
 
 
 def register() -> None:
-    """Register the root schema and each group's schemas with Hydra's ConfigStore."""
+    """Register the root schema and each group's schemas with Hydra's ConfigStore, and the
+    `opd.run_dir` resolver that `output_dir` reads."""
     store = ConfigStore.instance()
     for group, schemas in _SCHEMAS.items():
         for name, node in schemas.items():
             store.store(group=group, name=name, node=node)
+    OmegaConf.register_new_resolver("opd.run_dir", run_dir, replace=True)
+
+
+def run_dir() -> str:
+    """This run's directory: Hydra's, once the run has started; before that (`--cfg job --resolve`,
+    `--help`) the directory a run started now would get (hydra.run.dir)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        raise ConfigError("output_dir: no Hydra run to take it from; pass output_dir=DIR", "output_dir")
+    hydra = HydraConfig.get()
+    started = OmegaConf.select(hydra, "runtime.output_dir")
+    return str(started) if started else str(Path(str(hydra.run.dir)).absolute())
 
 
 def compose(overrides: list[str] | None = None, hydra: bool = False) -> DictConfig:
@@ -725,9 +745,14 @@ def validate(cfg: DictConfig) -> Config:
 
     An error about a value that came from a top-level knob (`env.opd.topk: ${distill_topk}`)
     names the knob the user typed."""
+    from omegaconf.errors import MissingMandatoryValue
+
     raw = OmegaConf.to_container(cfg, resolve=False)
     try:
         typed = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as err:
+        key = str(getattr(err, "full_key", "") or "?")
+        raise ConfigError(f"{key} must be set: {_REQUIRED.get(key, f'{key}=VALUE')}", key) from None
     except ConfigError as err:
         knob = _knobs(raw).get(err.key or "")
         if knob is None:
@@ -739,8 +764,23 @@ def validate(cfg: DictConfig) -> Config:
     known = set(_leaf_keys(OmegaConf.to_container(OmegaConf.structured(typed), resolve=False)))
     unknown = sorted(set(_leaf_keys(raw)) - known)
     if unknown:
-        raise ConfigError(f"unknown config key(s): {', '.join(unknown)} (not in the schema; check the spelling)")
+        import difflib
+
+        named = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+            named.append(f"{key} (did you mean {close[0]}?)" if close else key)
+        raise ConfigError(f"unknown config key(s): {', '.join(named)}; not in the schema", unknown[0])
     return typed
+
+
+# What to type for a value the config leaves to the user (`???` in conf/).
+_REQUIRED = {
+    "server.model": "server=vllm needs the model name its servers serve: server.model=NAME",
+    "server.base_urls": "server=vllm needs its servers' addresses: server.base_urls=[http://host:8000/v1]",
+    "judge.base_url": "judge=server needs its server's address: judge.base_url=http://host:8000/v1",
+    "judge.model": "judge=server needs the model name its server serves: judge.model=NAME",
+}
 
 
 def _leaf_keys(tree: Any, prefix: str = "") -> list[str]:

@@ -10,9 +10,12 @@ the objective (`sweep.objective`) is read from it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import statistics
+import sys
+import time
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +31,10 @@ from opd.event_loop import run_loop
 from opd.runner import Runner, RunnerLimits, RunStats
 from opd.serving.watch import ServerWatch
 from opd.sinks.base import Sink
+from opd.sweep.progress import SUMMARY_FILE, job_line
 from opd.sweep.state import SweepJob, run_name, shared_server_for
-from opd.tracking.run import DatasetRef, RunInfo, Tracker, open_run, previous_run_id
+from opd.tracking.store import absolute_tracking_uri
+from opd.tracking.run import DatasetRef, RunInfo, Tracker, open_run, previous_run_id, run_title, source_tags
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +75,10 @@ def resume_state(cfg: Config, job: SweepJob | None, out: Path) -> Resumed:
     return Resumed(kept, run_id)
 
 
-def run_info(cfg: Config, job: SweepJob | None, data: TaskSet) -> RunInfo:
-    """The MLflow run's name, parent, tags and dataset input for this config."""
+def run_info(cfg: Config, job: SweepJob | None, data: TaskSet, asked: list[str] | None = None, started: float | None = None) -> RunInfo:
+    """The MLflow run's name (tracking.run_name, a sweep job's swept values, else what was
+    `asked`: the env, the model and the overrides that change the run), parent, tags, start,
+    source (the launcher's command line) and dataset input for this config."""
     if job is not None and job.state.parent_run_id is None:
         raise RuntimeError(f"tracking is on but the sweep in {job.state.sweep_dir} has no MLflow parent run (was tracking off for the sweep?)")
     tags = {"env": cfg.env.name, "mode": cfg.mode, "model": cfg.server.model, "server": cfg.server.kind, "dataset": cfg.dataset.name}
@@ -82,15 +89,28 @@ def run_info(cfg: Config, job: SweepJob | None, data: TaskSet) -> RunInfo:
         d, evaluating = cfg.dataset, cfg.mode == "evaluate"
         dataset = (d.name, DatasetRef(d.source, d.path, d.subset, d.split, data.source), data.eval if evaluating else data.train, "eval" if evaluating else "train")
     return RunInfo(
-        name=cfg.tracking.run_name or (run_name(job.swept) if job else None),
+        name=cfg.tracking.run_name or (run_name(job.swept) if job else run_title(cfg.env.name, model_label(cfg), asked or [])),
         parent_run_id=job.state.parent_run_id if job else None,
         experiment_id=job.state.experiment_id if job else None,
-        tags=tags, swept=job.swept if job else {}, dataset=dataset,
+        tags=tags, swept=job.swept if job else {}, dataset=dataset, started=started, source=source_tags(sys.argv),
     )
 
 
-def run_experiment(cfg: Config, job: SweepJob | None = None) -> float:
-    """Run the experiment `cfg` describes (a sweep job when `job` is given); return its objective."""
+def model_label(cfg: Config) -> str:
+    """The model in a run's name: the preset's name for its own checkpoint (`fixture`, `qwen3`),
+    else the checkpoint's last path part (`Qwen3-4B`)."""
+    from opd.fixture.build import DEFAULT_DIR as FIXTURE_DIR
+
+    model = cfg.server.model.rstrip("/")
+    if model in (cfg.model.path, "fixture") or Path(model).resolve() == FIXTURE_DIR.resolve():
+        return cfg.model.name
+    return model.rsplit("/", 1)[-1] or model
+
+
+def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | None = None) -> float:
+    """Run the experiment `cfg` describes (a sweep job when `job` is given; `asked`: the command
+    line's overrides, which name the MLflow run); return its objective."""
+    started = time.time()
     out = Path(cfg.output_dir)
     resumed = resume_state(cfg, job, out)
     out.mkdir(parents=True, exist_ok=True)
@@ -99,6 +119,10 @@ def run_experiment(cfg: Config, job: SweepJob | None = None) -> float:
     (out / "config.yaml").write_text(yaml_text)
     data = build.load_data(cfg)
     model = build.resolve_model(cfg.server.model)
+    build.preflight(cfg, model)
+    if job is not None:
+        logger.info("%s: %s", job_line(job.state, job.num), run_name(job.swept))
+    run_id = None
     with ExitStack() as stack:
         shared = shared_server_for(job.state if job else None, cfg.server) if cfg.server.kind == "local" else None
         tracker = None
@@ -106,7 +130,7 @@ def run_experiment(cfg: Config, job: SweepJob | None = None) -> float:
             # MLflow works in a thread of its own: at once while a server starts here, else once
             # the first requests are sent (begin() below), so that it never delays them.
             starts_server = cfg.server.kind == "local" and not shared
-            tracker = stack.enter_context(open_run(cfg.tracking, out, resolved, yaml_text, run_info(cfg, job, data), resumed.run_id,
+            tracker = stack.enter_context(open_run(cfg.tracking, out, resolved, yaml_text, run_info(cfg, job, data, asked, started), resumed.run_id,
                                                    len(resumed.groups), begin=starts_server))
         tracer = build.tracer(cfg, tracker)
         stack.callback(tracer.flush)
@@ -128,7 +152,9 @@ def run_experiment(cfg: Config, job: SweepJob | None = None) -> float:
                 from opd.distributed.source import environment_workers
 
                 workers = stack.enter_context(environment_workers(cfg, data, model, urls))
-            stats, extra = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups, workers), cfg.runner.uvloop)
+            # Jobs at once in this machine's processes: the launcher shows one bar for all of them.
+            progress = cfg.runner.progress and not (job is not None and job.state.parallel)
+            stats, extra = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups, workers, progress), cfg.runner.uvloop)
             summary, history = {**summarize(stats, sinks, env, watch), **extra}, stats.history
             logger.info("wrote %d groups to %s in %.1f s (%d failed)", stats.written, out / GROUPS_FILE, stats.elapsed, stats.failed)
         objective_name = cfg.sweep.objective or default_objective(cfg)
@@ -136,12 +162,55 @@ def run_experiment(cfg: Config, job: SweepJob | None = None) -> float:
         if tracker is not None:
             tracker.set_tags({"opd.objective": objective_name})
             tracker.log_metrics({**summary, "objective": objective}, step=cfg.total_steps if cfg.mode != "evaluate" else 0)
-        logger.info("summary: %s", {k: round(v, 4) for k, v in summary.items()})
-        return objective
+            if job is not None:
+                tracker.log_to_parent({"objective": objective}, step=job.num)
+            run_id = tracker.run_id
+    report = {**summary, "objective": objective, "objective_name": objective_name, "accuracy": _accuracy(summary, history),
+              "run_s": time.time() - started, "output_dir": str(out.resolve()), "mlflow_run_id": run_id,
+              "tracking_uri": absolute_tracking_uri(cfg.tracking.uri) if cfg.tracking.enabled else None}
+    (out / SUMMARY_FILE).write_text(json.dumps(report, indent=2, default=str))
+    if job is None:
+        logger.info("%s", summary_table(cfg, report))
+    else:  # jobs may run at once: one line each on the console, the table in the job's log
+        logger.info("%s", summary_table(cfg, report), extra={"file_only": True})
+        logger.info("sweep job %d (%s) finished in %.0f s: objective %s = %.4g, accuracy %.4g; %s", job.num + 1, run_name(job.swept),
+                    report["run_s"], objective_name, objective, report["accuracy"], out)
+    return objective
+
+
+def _accuracy(summary: dict[str, float], history: dict[str, list[float]]) -> float:
+    """The run's accuracy: the written groups' mean `accuracy`, or the evaluation's."""
+    if history.get("accuracy"):
+        return statistics.fmean(history["accuracy"])
+    return float(summary.get("eval/accuracy", math.nan))
+
+
+def summary_table(cfg: Config, report: dict[str, Any]) -> str:
+    """The end of a run as its user reads it: groups, failures, reward, accuracy, time, where the
+    data, the log and the MLflow run are (every number is also in summary.json and MLflow)."""
+    def number(value: Any) -> str:
+        return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4g}"
+
+    out = Path(report["output_dir"])
+    rows = [("run", f"{cfg.mode} {cfg.env.name} on {model_label(cfg)} in {report['run_s']:.0f} s")]
+    if "summary/groups_written" in report:
+        rows += [("groups", f"{report['summary/groups_written']:.0f} written, {report['summary/groups_failed']:.0f} failed, "
+                            f"{report['summary/groups_dropped']:.0f} dropped ({number(report.get('summary/groups_per_s'))} groups/s)"),
+                 ("reward", f"{number(report.get('summary/reward_mean'))} (mean)")]
+    rows += [("accuracy", number(report["accuracy"])),
+             ("objective", f"{number(report['objective'])} ({report['objective_name']})")]
+    if (out / GROUPS_FILE).exists():
+        rows.append(("data", f"{out / GROUPS_FILE} (browse: {out / 'groups.html'})"))
+    rows.append(("log", str(out / "launch.log") if (out / "launch.log").exists() else str(out)))
+    if report["mlflow_run_id"]:
+        rows.append(("MLflow", f"run {report['mlflow_run_id']} in experiment {cfg.tracking.experiment}; "
+                               f"mlflow ui --backend-store-uri {report['tracking_uri']}"))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(["finished:"] + [f"  {name.ljust(width)}  {value}" for name, value in rows])
 
 
 async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: ServerWatch, groups: int, kept: list[dict[str, Any]],
-                    workers: list[Any] | None = None) -> tuple[RunStats, dict[str, float]]:
+                    workers: list[Any] | None = None, progress: bool = True) -> tuple[RunStats, dict[str, float]]:
     """Open the sinks, run the generation loop (on `workers` when given), close everything (sinks
     learn the final status); the runner's statistics and the workers' `summary/*`."""
     status = "FAILED"
@@ -160,7 +229,7 @@ async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: Serv
         try:
             max_dropped = cfg.runner.max_dropped_groups if cfg.runner.max_dropped_groups is not None else 10 * cfg.total_steps
             limits = RunnerLimits(groups, cfg.runner.max_attempts_per_item, cfg.runner.max_failed_groups, max_dropped)
-            runner = Runner(source, sinks, cfg.total_steps, limits, on_failure=watch.check, progress=cfg.runner.progress, kept=kept,
+            runner = Runner(source, sinks, cfg.total_steps, limits, on_failure=watch.check, progress=progress, kept=kept,
                             drop=env.drop_reason)
             stats = await runner.run()
             status = "FINISHED"

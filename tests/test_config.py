@@ -233,6 +233,19 @@ BAD_RUNS = [
     (["resume=true", "trainer=local"], "resume: a run with trainer=local cannot be resumed"),
     (["trainer.kind=local"], "trainer.kind must be none or atropos here; choose the local trainer with trainer=local"),
     (["mode=serve", "serve.rollout_server_url=ftp://x"], "serve.rollout_server_url must be an http(s) URL"),
+    (["server=vllm"], "server.model must be set: server=vllm needs the model name its servers serve: server.model=NAME"),
+    (["server=vllm", "server.model=m"], "server.base_urls must be set: server=vllm needs its servers' addresses"),
+    (["dataset=math_local"], "dataset.path must be set when dataset.source=local"),
+    (["mode=trian"], "mode must be one of ['train', 'evaluate', 'serve'], got 'trian'; did you mean train?"),
+    (["+total_step=3"], "unknown config key(s): total_step (did you mean total_steps?)"),
+    # Top-K above the model's vocabulary (the fixture's 4,096): vLLM's engine would die a minute in.
+    (["distill_topk=10000"], "distill_topk must be <= the model's vocabulary (4096 tokens"),
+    (["server.max_logprobs=5000"], "server.max_logprobs must be <= the model's vocabulary (4096 tokens"),
+    # Running servers that were never up: within seconds, not after server.unreachable_timeout_s.
+    (["server=vllm", "server.model=m", "server.base_urls=[http://127.0.0.1:9/v1]"], "server.base_urls: nothing answers at http://127.0.0.1:9/v1"),
+    (["server=vllm", "server.model=m", "server.base_urls=[http://no-such-host.invalid:8000/v1]"], "server.base_urls: nothing answers at"),
+    (["env=opd_coding", "judge=server", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=j", "server=vllm", "server.model=m",
+      "server.base_urls=[http://127.0.0.1:9/v1]", "server.unreachable_timeout_s=300"], "server.base_urls: nothing answers"),
 ]
 
 
@@ -248,6 +261,8 @@ def test_bad_runs_fail_with_one_clear_message_before_any_server_starts(tmp_path,
     text = f"{info.value} {info.value.__cause__ or ''}"
     assert message in text
     assert time.monotonic() - started < 30
+    if isinstance(info.value, ConfigError):
+        assert "\n" not in str(info.value)  # one line
     assert not (tmp_path / "run" / "vllm").exists()  # no server was started
 
 

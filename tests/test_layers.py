@@ -10,7 +10,7 @@ from conftest import ROOT
 
 # Lowest first. A module's layer is that of the longest prefix listed here.
 LAYERS = [
-    ["opd.config", "opd.event_loop"],
+    ["opd.config", "opd.cli", "opd.event_loop"],
     ["opd.records", "opd.tracking.traces", "opd.tracking.store"],
     ["opd.serving", "opd.data", "opd.train"],
     ["opd.tools"],
@@ -20,7 +20,7 @@ LAYERS = [
     ["opd.tracking.session", "opd.tracking.run"],
     ["opd.sinks"],
     ["opd.runner"],
-    ["opd.sweep.state", "opd.fixture"],
+    ["opd.sweep.state", "opd.sweep.progress", "opd.fixture"],
     ["opd.build"],
     ["opd.distributed"],
     ["opd.run", "opd.atropos"],

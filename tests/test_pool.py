@@ -215,3 +215,40 @@ def test_malformed_scoring_answers_fail_with_a_clear_error(body: bytes, message:
     with pytest.raises(ServerRequestError, match=message):
         _score_against(body, servers)
     assert servers[0].request_errors == 1  # counted in summary/server_request_errors
+
+
+def test_failed_requests_are_warned_about_at_most_once_per_window(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every failure used to be only counted; a flood of them must not flood the console either."""
+    import opd.serving.pool as pool_module
+    from opd.serving.pool import FailureWarnings
+
+    clock = [100.0]
+    monkeypatch.setattr(pool_module.time, "monotonic", lambda: clock[0])
+    warnings = FailureWarnings(every_s=30.0)
+    with caplog.at_level("WARNING", logger="opd.serving.pool"):
+        warnings.failed(ServerRequestError("POST x answered HTTP 503"), "retrying (attempt 1/3)")
+        for _ in range(5):
+            clock[0] += 1
+            warnings.failed(ServerRequestError("POST x timed out"), "retrying (attempt 1/3)")
+        clock[0] += 30
+        warnings.failed(ServerRequestError("POST x answered HTTP 500"), "given up after attempt 3/3")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "retrying (attempt 1/3): POST x answered HTTP 503" in lines[0]
+    assert "given up after attempt 3/3: POST x answered HTTP 500; 5 more failed since the last such warning" in lines[1]
+
+
+def test_a_pool_warns_about_a_request_that_failed(caplog: pytest.LogCaptureFixture) -> None:
+    calls = {"n": 0}
+
+    def flaky(prompt_ids, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ServerRequestError("POST http://scripted/v1/completions answered HTTP 503", 503)
+        return Generation([1], [-0.5], "stop")
+
+    pool = ServerPool([ScriptedClient(generate=flaky)], slots=1, max_attempts=2, backoff_s=0.01)
+    with caplog.at_level("WARNING", logger="opd.serving.pool"):
+        run_loop(pool.generate([1, 2], max_tokens=1, temperature=1.0))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("inference request failed, retrying (attempt 1/2): POST http://scripted/v1/completions answered HTTP 503")

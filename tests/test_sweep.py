@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -55,6 +56,63 @@ def test_state_round_trips_and_a_job_uses_the_shared_server_only_when_it_fits(tm
     other = validate(compose(["server.max_model_len=2048"])).server
     assert shared_server_for(state, other) is None
     assert shared_server_for(None, server) is None
+
+
+def test_a_sweep_knows_how_many_jobs_it_runs() -> None:
+    from opd.sweep.state import count_jobs
+
+    basic = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+    assert count_jobs(["reward.weights.correctness=0.5,0.7,0.9", "reward.weights.efficiency=0.1,0.2", "env=opd_coding"], basic, None, None) == 6
+    assert count_jobs(["seed=range(0,4)"], basic, {"env.temperature": "0.6,1.0"}, None) == 8
+    assert count_jobs([], "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper", {"x": "interval(0, 1)"}, 8) == 8
+    assert count_jobs(["seed=1,2"], "some.other.Sweeper", None, None) is None
+
+
+def test_each_job_says_where_the_sweep_is(tmp_path: Path) -> None:
+    from opd.sweep.progress import SUMMARY_FILE, job_line
+
+    state = SweepState(sweep_dir=str(tmp_path), swept=["seed"], jobs=6, started=1000.0)
+    assert job_line(state, 0, now=1010.0) == "sweep job 1 of 6 (none done yet)"
+    for num in (0, 1):
+        (tmp_path / str(num)).mkdir()
+        (tmp_path / str(num) / SUMMARY_FILE).write_text("{}")
+    # 2 jobs in 240 s: 4 more take 480 s.
+    assert job_line(state, 2, now=1240.0) == "sweep job 3 of 6 (2 done in 4 min, ETA 8 min)"
+    assert job_line(SweepState(sweep_dir=str(tmp_path), swept=[], started=1000.0), 2, now=1030.0) == "sweep job 3 (2 done in 30 s)"
+
+
+def test_parallel_jobs_share_one_progress_bar_that_counts_every_jobs_groups(tmp_path: Path) -> None:
+    from opd.sweep.progress import SUMMARY_FILE, SweepProgress
+
+    progress = SweepProgress(tmp_path, jobs=2, steps=3, every_s=0.05)
+    try:
+        for num, lines in ((0, 3), (1, 1)):
+            (tmp_path / str(num)).mkdir()
+            with (tmp_path / str(num) / "groups.jsonl").open("a") as handle:
+                handle.write("{}\n" * lines)
+        (tmp_path / "0" / SUMMARY_FILE).write_text("{}")
+        deadline = time.monotonic() + 10
+        while progress.bar.n != 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert progress.bar.n == 4 and progress.bar.total == 6
+        with (tmp_path / "1" / "groups.jsonl").open("a") as handle:  # only what is appended is read again
+            handle.write("{}\n{}\n")
+    finally:
+        progress.stop()
+    assert progress.bar.n == 6 and "jobs done 1/2" in str(progress.bar.postfix)
+
+
+def test_compare_says_when_every_job_tied() -> None:
+    from experiments.compare import Sweep
+
+    def sweep(*objectives: float) -> Sweep:
+        rows = [{"run": f"seed={i}", "objective": value, "run_id": str(i)} for i, value in enumerate(objectives)]
+        return Sweep("p", "1", "sqlite:///x.db", ["seed"], rows, [r["run_id"] for r in rows], "accuracy")
+
+    assert sweep(0.0, 0.0, 0.0).tie() == 0.0
+    assert sweep(0.5, 0.25).tie() is None
+    assert sweep(0.5).tie() is None  # one job ties with nothing
+    assert sweep(float("nan"), float("nan")).tie() is None  # no objective at all is not a tie
 
 
 # ---------------------------------------------------------------- real sweeps (subprocesses)
@@ -233,13 +291,13 @@ def test_joblib_sweep_in_separate_processes_fails_the_parent_when_a_job_fails(tm
     assert (sweep_dir / "0" / "groups.jsonl").exists() and (sweep_dir / "2" / "groups.jsonl").exists()
 
 
-@pytest.mark.slow
-def test_a_sweep_whose_tracking_fails_fails_its_jobs(tmp_path: Path, fixture_model: str) -> None:
-    # Hydra only warns when a callback raises; the job must not run on unlogged.
-    proc, _, _ = _sweep(tmp_path, fixture_model, "http://127.0.0.1:9/v1", ["env=inline_math", "seed=0,1", "tracking.uri=bogus-scheme://nowhere"])
-    assert proc.returncode != 0
-    assert "SweepCallback.on_multirun_start raised" in proc.stderr
-    assert "sweep job without sweep state" in proc.stderr
+def test_a_sweep_whose_tracking_cannot_work_stops_before_any_job(tmp_path: Path, fixture_model: str) -> None:
+    # Hydra only warns when a callback raises and would run every job unlogged: the sweep stops first, in one line.
+    proc, sweep_dir, _ = _sweep(tmp_path, fixture_model, "http://127.0.0.1:9/v1", ["env=inline_math", "seed=0,1", "tracking.uri=bogus-scheme://nowhere"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: tracking.uri: ") and "bogus-scheme://nowhere" in line
+    assert "Traceback" not in proc.stderr and not list(sweep_dir.glob("*/launch.log"))  # no job ran
 
 
 def test_the_callback_pickles_without_its_live_objects() -> None:
@@ -253,3 +311,40 @@ def test_the_callback_pickles_without_its_live_objects() -> None:
     callback.state = SweepState(sweep_dir="/x", swept=[])
     copy = pickle.loads(pickle.dumps(callback))
     assert copy.server is None and copy.state is None and copy.client is None
+
+
+@pytest.mark.slow
+def test_a_parallel_sweep_as_its_user_sees_it_in_the_console_and_mlflow(tmp_path: Path, fixture_model: str) -> None:
+    """Three jobs, two at a time (joblib), against the scripted server: one progress bar, each job's
+    place in the sweep, named runs with their own durations, and a parent that shows the sweep."""
+    from experiments.bench import scripted_server
+
+    with scripted_server(0.01) as url:
+        proc, sweep_dir, uri = _sweep(tmp_path, fixture_model, url, [
+            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "env=inline_math", "group_size=2", "total_steps=2", "seed=1,2,3",
+            "runner.progress=true",
+        ])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    console = proc.stdout + proc.stderr
+    assert "sweep job 3 of 3" in console and not re.search(r"groups:\s+\d+%", console)  # no per-job bars drawing over each other
+    assert re.search(r"sweep: 100%\|.*\| 6/6 .*jobs done 3/3", console), console[-2000:]
+    client, parents, children = _runs(uri)
+    (parent,) = parents
+    assert parent.info.run_name == "sweep inline_math fixture group_size=2 total_steps=2 seed=1,2,3"
+    assert parent.data.tags["mlflow.source.name"].endswith("experiments/launch.py") and parent.data.tags["opd.jobs_planned"] == "3"
+    by_job = {}
+    for child in children:
+        summary = json.loads((Path(child.data.tags["output_dir"]) / "summary.json").read_text())
+        # The run lasted as long as the job did (not the instant the tracking process took; run_s
+        # also counts waiting for that process to make its last calls).
+        assert 0.6 * summary["run_s"] < (child.info.end_time - child.info.start_time) / 1000 <= summary["run_s"] + 1
+        stamps = [m.timestamp for m in client.get_metric_history(child.info.run_id, "reward/mean")]
+        assert all(child.info.start_time <= t <= child.info.end_time for t in stamps)
+        assert "output_dir" not in child.data.params and child.data.tags["mlflow.source.name"].endswith("experiments/launch.py")
+        by_job[int(Path(child.data.tags["output_dir"]).name)] = child.data.metrics["objective"]
+    # Each job's objective on the parent, at its job number; the outcome at the end.
+    history = {m.step: m.value for m in client.get_metric_history(parent.info.run_id, "objective")}
+    assert history == by_job and sorted(history) == [0, 1, 2]
+    metrics = parent.data.metrics
+    assert metrics["jobs/finished"] == 3 and metrics["jobs/failed"] == 0
+    assert metrics["objective/max"] == max(by_job.values()) and metrics["objective/min"] == min(by_job.values())

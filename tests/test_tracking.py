@@ -150,6 +150,51 @@ def test_nothing_is_sent_before_begin_and_everything_after(tmp_path: Path) -> No
     assert (tmp_path / "mlflow_run.json").exists() and not (tmp_path / "mlflow_process.pid").exists()  # ended: nothing to wait for
 
 
+def test_the_mlflow_run_keeps_the_runs_own_times_however_late_mlflow_opens_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The run started 30 s before it opened its MLflow run, logged two steps 1.5 s apart while
+    MLflow was not even imported, and ended: the UI shows those times, not the tracking process's."""
+    caplog.set_level("INFO", logger="mlflow.process")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    started = time.time() - 30
+    info = RunInfo("timed", None, None, {"env": "test"}, {}, None, started=started,
+                   source={"mlflow.source.name": "/repo/experiments/launch.py", "mlflow.source.type": "LOCAL", "opd.command": "python -m experiments.launch a=1"})
+    resolved = {"a": 1, "output_root": str(tmp_path), "output_dir": str(tmp_path / "run")}
+    logged = []
+    with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, resolved, "a: 1\n", info) as tracker:
+        for step in (1, 2):
+            tracker.log_metrics({"m": float(step)}, step=step)
+            logged.append(time.time())
+            time.sleep(1.5)
+        assert tracker._process is None
+        ended = time.time()
+    client, run = _only_run(uri)
+    assert run.info.start_time == int(started * 1000)
+    assert abs(run.info.end_time / 1000 - ended) < 1.0
+    stamps = [m.timestamp / 1000 for m in client.get_metric_history(run.info.run_id, "m")]
+    assert stamps == [pytest.approx(t, abs=0.5) for t in logged]
+    # The directories a run writes to are tags: params are what the run does.
+    assert run.data.params["a"] == "1" and "output_dir" not in run.data.params and "output_root" not in run.data.params
+    assert run.data.tags["output_root"] == str(tmp_path.resolve()) and run.data.tags["output_dir"] == str(tmp_path.resolve())
+    # The source is the launcher, not the tracking process that made the calls.
+    assert run.data.tags["mlflow.source.name"] == "/repo/experiments/launch.py" and run.data.tags["opd.command"] == "python -m experiments.launch a=1"
+    assert run.info.run_name == "timed"
+    # MLflow's own messages (a new store's tables) reach the run's log as `mlflow.process`, not the console.
+    assert any(r.name == "mlflow.process" and "database tables" in r.getMessage() for r in caplog.records)
+
+
+def test_runs_are_named_from_what_was_asked_and_secrets_stay_out() -> None:
+    from opd.tracking.run import run_title, source_tags
+
+    asked = ["env=opd_coding", "distill_topk=20", "server=vllm", "server.base_urls=[http://h:8000/v1]", "server.api_key=hunter2",
+             "tracking.uri=sqlite:///x.db", "hydra.run.dir=/r", "output_root=/o", "+reward.weights.correctness=0.5"]
+    assert run_title("opd_coding", "fixture", asked) == "opd_coding fixture distill_topk=20 reward.weights.correctness=0.5"
+    assert run_title("inline_math", "Qwen3-4B", []) == "inline_math Qwen3-4B"
+    assert len(run_title("inline_math", "m", [f"seed={i}" for i in range(100)])) == 200
+    tags = source_tags([str(ROOT / "experiments" / "launch.py"), "env=opd_coding", "server.api_key=hunter2", "judge.api_key=x"])
+    assert tags["mlflow.source.name"] == str(ROOT / "experiments" / "launch.py")
+    assert tags["opd.command"] == "python -m experiments.launch env=opd_coding server.api_key=*** judge.api_key=***"
+
+
 def test_resume_does_not_wait_for_a_pid_that_is_no_longer_the_tracking_process(tmp_path: Path) -> None:
     from opd.tracking.run import previous_run_id
 

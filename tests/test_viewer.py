@@ -325,3 +325,57 @@ def test_a_link_opens_the_group_rollout_and_token_it_names(records, tokenizer, t
         assert len(popup_rows(browser)) == K
         assert browser.evaluate("document.querySelector('#index-rows tr.open').dataset.g") == "0"
         assert browser.page_errors == []
+
+
+OPD_CONTROLS = """(() => ({
+    filter: [...document.querySelectorAll('#filter option')].map(o => o.value),
+    headings: [...document.querySelectorAll('#index-head th')].map(th => th.dataset.sort),
+    totals: document.getElementById('totals').textContent,
+    help: document.getElementById('help').textContent,
+}))()"""
+GROUP_CONTROLS = """(() => ({
+    rollout_headings: [...document.querySelectorAll('.rollouts th')].map(th => th.textContent),
+    tokens_heading: [...document.querySelectorAll('#rollout h3')].map(h => h.textContent).find(t => t.startsWith('Tokens')),
+    legend: document.querySelector('#rollout .legend').textContent,
+}))()"""
+
+
+def open_rollout(browser, g: int) -> dict[str, Any]:
+    browser.evaluate(click(f"#index-rows tr[data-g='{g}']"))
+    browser.wait_for("document.querySelectorAll('.rollouts tr[data-r]').length === 2")
+    browser.evaluate(click(".rollouts tr[data-r='0']"))
+    browser.wait_for("!!document.getElementById('tokens')")
+    return browser.evaluate(GROUP_CONTROLS)
+
+
+@needs_chromium
+def test_opd_controls_show_only_where_a_group_has_opd_data(records, tokenizer, tmp_path) -> None:
+    """An inline_math page has no hints, teachers or advantages to show: no such controls. On a
+    page with both envs the OPD controls stay for the opd_coding group and leave the other."""
+    math_only = tmp_path / "math.jsonl"
+    math_only.write_text(json.dumps(math_group(tokenizer)) + "\n" + json.dumps(math_group(tokenizer)) + "\n")
+    with Chromium() as browser:
+        browser.goto(write_viewer(math_only, tokenizer, tmp_path / "math.html").as_uri())
+        browser.wait_for("document.documentElement.dataset.indexMs")
+        page = browser.evaluate(OPD_CONTROLS)
+        assert "hints" not in page["filter"] and "hinted_turns" not in page["headings"], page
+        assert "hinted" not in page["totals"] and "teacher" not in page["help"], page
+        group = open_rollout(browser, 0)
+        assert "hinted/judged turns" not in group["rollout_headings"] and "teacher" not in group["tokens_heading"], group
+        assert "A = teacher" not in group["legend"]
+        browser.evaluate(click("#tokens .t.generated"))
+        assert "teacher" not in browser.evaluate("document.getElementById('popup').textContent")
+        assert browser.page_errors == []
+
+        browser.goto(write_viewer(records, tokenizer, tmp_path / "both.html").as_uri())
+        browser.wait_for("document.documentElement.dataset.indexMs")
+        page = browser.evaluate(OPD_CONTROLS)
+        assert "hints" in page["filter"] and "hinted_turns" in page["headings"] and "2 hinted turns" in page["totals"], page
+        hints = browser.evaluate("[...document.querySelectorAll('#index-rows tr')].map(tr => tr.children[7].textContent)")
+        assert hints == ["2", "–"]  # the inline_math group has no OPD data: a dash, not a count
+        coding = open_rollout(browser, 0)
+        assert "hinted/judged turns" in coding["rollout_headings"] and "with a teacher row" in coding["tokens_heading"]
+        assert "A = teacher" in coding["legend"]
+        math = open_rollout(browser, 1)
+        assert "hinted/judged turns" not in math["rollout_headings"] and "A = teacher" not in math["legend"], math
+        assert browser.page_errors == []

@@ -18,13 +18,15 @@ limits (`../shared/notes/atroposlib.md`); `python -m experiments.launch` runs ou
 
 from __future__ import annotations
 
+import json
 import logging
+import shlex
 from typing import Any, ClassVar
 
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_baseline import APIServerConfig
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from opd import build
 from opd.config import Config, compose, validate
@@ -37,7 +39,27 @@ logger = logging.getLogger(__name__)
 class OPDAtroposConfig(BaseEnvConfig):
     """atroposlib's environment settings plus this project's own config as Hydra overrides."""
 
-    opd_overrides: list[str] = Field(default_factory=list, description="Hydra overrides of this project's config (conf/), e.g. [\"model=qwen3\"]")
+    opd_overrides: list[str] = Field(default_factory=list, description="Hydra overrides of this project's config (conf/): "
+                                     "'[\"model=qwen3\", \"seed=1\"]' or 'model=qwen3 seed=1'")
+
+    @field_validator("opd_overrides", mode="before")
+    @classmethod
+    def _overrides_from_the_command_line(cls, value: Any) -> Any:
+        """atroposlib's command line hands a list field over as one string: a JSON list, or
+        overrides separated by spaces (quoted as a shell would)."""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                parsed = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"env.opd_overrides: {text!r} is not a JSON list of strings ({err.msg}); "
+                                 "write '[\"model=qwen3\"]' or 'model=qwen3 seed=1'") from None
+            if not isinstance(parsed, list) or not all(isinstance(item, str) for item in parsed):
+                raise ValueError(f"env.opd_overrides: {text!r} must be a list of strings such as '[\"model=qwen3\"]'")
+            return parsed
+        return shlex.split(text)
 
 
 class _NoServerMetrics:

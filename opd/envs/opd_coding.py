@@ -58,7 +58,7 @@ class OPDCodingEnv(OPDBaseEnv):
             if err.status == 400:
                 raise ConfigError(
                     f"distill_topk={self.cfg.opd.topk} is refused by the inference server (is it above the server's "
-                    f"--max-logprobs? server.max_logprobs is the local server's setting): {err}"
+                    f"--max-logprobs? server.max_logprobs is the local server's setting): {err}", "distill_topk",
                 ) from None
             raise
 

@@ -46,6 +46,34 @@ def _healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+# What vLLM is doing while it starts, by the last of these lines its log holds (in start-up order).
+_PHASES = (
+    ("(APIServer", "loading its modules and the model's config"),
+    ("Resolved architecture", "setting up the engine"),
+    ("(EngineCore", "starting the engine process"),
+    ("Starting to load model", "loading the weights"),
+    ("Loading weights took", "allocating the KV cache"),
+    ("init engine", "starting the HTTP server"),
+    ("Starting vLLM API server", "opening the port"),
+)
+
+
+def startup_phase(log_text: str) -> str:
+    """What a starting vLLM server is doing, from its log so far: the furthest step its log has
+    reached (its imports come first; the API server keeps logging through every later step)."""
+    reached = [phase for marker, phase in _PHASES if marker in log_text]
+    return reached[-1] if reached else "importing vLLM"
+
+
+def _read_tail(path: Path, size: int = 1 << 16) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - size))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _log_tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -69,6 +97,8 @@ class LocalVLLM:
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
         self.scratch = tempfile.mkdtemp(prefix="opd-vllm-")
+        # Seconds between the lines that say how the start-up goes (it takes a minute or two on CPU).
+        self.progress_every_s = 15.0
 
     def command(self) -> list[str]:
         s = self.settings
@@ -126,7 +156,11 @@ class LocalVLLM:
             )
         health = f"http://127.0.0.1:{self.port}/health"
         deadline = started + self.settings.startup_timeout_s
+        said = started
         while time.monotonic() < deadline:
+            if time.monotonic() - said >= self.progress_every_s:
+                said = time.monotonic()
+                logger.info("vLLM starting: %.0f s, %s (log: %s)", said - started, startup_phase(_read_tail(self.log_path)), self.log_path)
             code = self.process.poll()
             if code is not None:
                 self.stop()

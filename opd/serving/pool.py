@@ -6,6 +6,8 @@ finds every slot busy waits, first come first served, to be woken by the next re
 polling), then goes to the server with the most free slots. A failure that may pass (connection,
 timeout, 5xx, garbled answer) is retried up to `max_attempts` in all, with exponential backoff and
 its slot released while it waits; the last failure is raised as it is (`ServerRequestError`).
+Failed requests are warned about as they happen, at most one line per `warn_every_s` seconds
+(the lines between are counted into the next one).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections import deque
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
@@ -38,6 +41,25 @@ class InferenceClient(Protocol):
     async def close(self) -> None: ...
 
 
+class FailureWarnings:
+    """A warning per failed request, at most one per `every_s` seconds: the first at once, the
+    ones in between counted into the next line."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        self.every_s = every_s
+        self.last: float | None = None
+        self.unsaid = 0
+
+    def failed(self, err: BaseException, what_next: str) -> None:
+        now = time.monotonic()
+        if self.last is not None and now - self.last < self.every_s:
+            self.unsaid += 1
+            return
+        more = f"; {self.unsaid} more failed since the last such warning" if self.unsaid else ""
+        logger.warning("inference request failed, %s: %s%s", what_next, str(err)[:300], more)
+        self.last, self.unsaid = now, 0
+
+
 class ServerPool:
     """Slots and retries over `clients`; offers the clients' calls (see the module docstring)."""
 
@@ -52,6 +74,7 @@ class ServerPool:
         self.free = [slots] * len(clients)
         self.in_use_most = 0
         self.retries = 0
+        self.warnings = FailureWarnings()
         self._waiting: deque[asyncio.Future[int]] = deque()
 
     @property
@@ -94,7 +117,9 @@ class ServerPool:
                 return await request(self.clients[index])
             except ServerRequestError as err:
                 if not err.retryable or attempt == self.max_attempts:
+                    self.warnings.failed(err, f"given up after attempt {attempt}/{self.max_attempts}")
                     raise
+                self.warnings.failed(err, f"retrying (attempt {attempt}/{self.max_attempts})")
                 cause = err
             finally:
                 self._release(index)

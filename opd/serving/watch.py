@@ -12,11 +12,14 @@ goes on. Otherwise:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import urllib.error
 import urllib.request
 from typing import Any
+
+from opd.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +35,29 @@ def healthy(base_url: str, timeout: float = 3.0) -> bool:
             return resp.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def check_servers(urls: list[str], model: str, key: str, model_key: str, timeout_s: float = 10.0) -> None:
+    """Before a run uses running servers: each of `urls` answers /health and, where it lists its
+    models (/v1/models), serves `model`. A server that was never up fails here within seconds
+    (a ConfigError naming `key`, or `model_key` for the model), not after the outage wait."""
+    for url in urls:
+        root = url.removesuffix("/v1").rstrip("/")
+        try:
+            with urllib.request.urlopen(root + "/health", timeout=timeout_s):
+                pass
+        except urllib.error.HTTPError as err:
+            raise ConfigError(f"{key}: {url} answers /health with HTTP {err.code}; is it a vLLM server's /v1 address?", key) from None
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            reason = getattr(err, "reason", err)
+            raise ConfigError(f"{key}: nothing answers at {url} ({reason}); start the server first, or fix the address", key) from None
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=timeout_s) as response:
+                served = [str(m.get("id")) for m in json.load(response).get("data", [])]
+        except (urllib.error.URLError, OSError, ValueError, AttributeError):
+            continue  # a server that does not list its models: requests will say
+        if served and model not in served:
+            raise ConfigError(f"{model_key}: {model!r} is not served at {url}; it serves {', '.join(served)}", model_key)
 
 
 class ServerWatch:

@@ -1,8 +1,11 @@
 """Sweeps (`-m`): one MLflow parent run per sweep, one inference server shared by its jobs.
 
-`SweepCallback` runs in the launching process. At the start of a sweep it creates the parent run
-and, with server=local, starts one vLLM server for all jobs; both go into the sweep's state file
-(`opd.sweep.state`), which the jobs read.
+`SweepCallback` runs in the launching process. At the start of a sweep it checks the config (a bad
+one stops the sweep with one line, before any job), creates the parent run (named from what was
+asked) and, with server=local, starts one vLLM server for all jobs; all of it goes into the
+sweep's state file (`opd.sweep.state`), which the jobs read. Each job logs its objective to the
+parent too (at its job number), so the parent's charts show the sweep; when jobs run at once
+here, the launcher shows one progress bar for all of them (`opd.sweep.progress`).
 
 Hydra calls `on_multirun_end` only when every job succeeded; a job that raises skips it. The parent
 run is therefore also closed by an exit hook: FINISHED only after a complete sweep in which every
@@ -14,14 +17,17 @@ from __future__ import annotations
 import atexit
 import copy
 import logging
+import math
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from opd.sweep.state import SweepState, server_settings, swept_keys, write_state
+from opd.sweep.state import SweepState, count_jobs, server_settings, swept_keys, write_state
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +39,7 @@ class SweepCallback(Callback):
         self.state: SweepState | None = None
         self.server: Any = None
         self.client: Any = None
+        self.progress: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         # The joblib and submitit launchers ship the callbacks to the job processes: send none of
@@ -43,12 +50,27 @@ class SweepCallback(Callback):
         self.__init__()  # type: ignore[misc]
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from opd.config import ConfigError
+
+        try:
+            self._start(config)
+        except ConfigError as err:
+            # Hydra only warns about an error raised here and would start every job anyway.
+            self._finish(completed=False)
+            sys.stderr.write(f"error: {err}\n")
+            sys.exit(2)
+
+    def _start(self, config: DictConfig) -> None:
         from opd.config import validate
 
         hydra_cfg = config.hydra
         sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve()
         params = OmegaConf.to_container(hydra_cfg.sweeper.params, resolve=False) if OmegaConf.select(hydra_cfg, "sweeper.params") else None
-        state = SweepState(sweep_dir=str(sweep_dir), swept=swept_keys(list(hydra_cfg.overrides.task), params))
+        task = list(hydra_cfg.overrides.task)
+        launcher = str(OmegaConf.select(hydra_cfg, "launcher._target_") or "")
+        jobs = count_jobs(task, str(OmegaConf.select(hydra_cfg, "sweeper._target_") or ""), params, OmegaConf.select(hydra_cfg, "sweeper.n_trials"))
+        parallel = "joblib" in launcher and OmegaConf.select(hydra_cfg, "launcher.n_jobs") not in (1,)
+        state = SweepState(sweep_dir=str(sweep_dir), swept=swept_keys(task, params), jobs=jobs, started=time.time(), parallel=parallel)
         job_cfg = copy.deepcopy(config)
         with read_write(job_cfg), open_dict(job_cfg):  # what Hydra does to make a job's config
             del job_cfg["hydra"]
@@ -58,8 +80,7 @@ class SweepCallback(Callback):
         atexit.register(self._finish, completed=False)
         self.state = state
         if typed.tracking.enabled:
-            self._open_parent(typed, state, list(hydra_cfg.overrides.task))
-        launcher = str(OmegaConf.select(hydra_cfg, "launcher._target_") or "")
+            self._open_parent(typed, state, task)
         if typed.server.kind == "local" and typed.sweep.share_server:
             if "submitit" in launcher:
                 logger.warning("sweep.share_server: jobs on other machines cannot reach a loopback server; each job starts its own")
@@ -68,30 +89,41 @@ class SweepCallback(Callback):
                 logger.info("sweep.share_server: jobs with trainer=local run at once here, so each starts its own server")
             else:
                 self._start_server(typed, state)
+        state.started = time.time()  # the jobs' clock: their ETA leaves out the shared server's start-up
         path = write_state(state)
-        logger.info("sweep state in %s (swept: %s)", path, ", ".join(state.swept) or "nothing")
+        logger.info("sweep of %s jobs, state in %s (swept: %s)", jobs if jobs is not None else "?", path, ", ".join(state.swept) or "nothing")
+        if parallel and typed.runner.progress:
+            from opd.sweep.progress import SweepProgress
+
+            steps = None if "total_steps" in state.swept else typed.total_steps
+            self.progress = SweepProgress(sweep_dir, jobs, steps)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._finish(completed=True)
 
     def _open_parent(self, typed: Any, state: SweepState, overrides: list[str]) -> None:
         import mlflow
+        from mlflow.tracking.context import registry as context
 
-        from opd.tracking.run import ensure_experiment, system_tags
-        from opd.tracking.store import absolute_tracking_uri, artifact_location
+        from opd.run import model_label
+        from opd.tracking.run import ensure_experiment, run_title, source_tags, system_tags
+        from opd.tracking.store import absolute_tracking_uri, artifact_location, check_store
 
+        check_store(typed.tracking.uri, typed.tracking.artifact_root)  # a bad store: one line, before any job
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines (creating tables, ...) are noise on the sweep's console
         uri = absolute_tracking_uri(typed.tracking.uri)
         self.client = mlflow.MlflowClient(uri)
         experiment_id = ensure_experiment(self.client, typed.tracking.experiment, artifact_location(uri, typed.tracking.artifact_root))
-        sweep_dir = Path(state.sweep_dir)
-        name = f"sweep {sweep_dir.parent.name}/{sweep_dir.name}"
-        run = self.client.create_run(experiment_id, run_name=name, tags={
+        name = "sweep " + run_title(typed.env.name, model_label(typed), overrides)
+        run = self.client.create_run(experiment_id, run_name=name, start_time=int((state.started or time.time()) * 1000), tags=context.resolve_tags({
             **system_tags(),
+            **source_tags(sys.argv),
             "opd.sweep_dir": state.sweep_dir,
             "opd.swept": ",".join(state.swept),
             "opd.overrides": " ".join(overrides)[:5000],
             "opd.launcher_pid": str(os.getpid()),
-        })
+            **({"opd.jobs_planned": str(state.jobs)} if state.jobs is not None else {}),
+        }))
         state.parent_run_id, state.tracking_uri, state.experiment_id = run.info.run_id, uri, experiment_id
         logger.info("MLflow sweep parent run %s (%s) in experiment %s", run.info.run_id, name, typed.tracking.experiment)
 
@@ -110,6 +142,9 @@ class SweepCallback(Callback):
             return
         atexit.unregister(self._finish)
         try:
+            if self.progress is not None:
+                self.progress.stop()
+                self.progress = None
             if self.client is not None and state.parent_run_id:
                 self._close_parent(state, completed)
         finally:
@@ -128,5 +163,19 @@ class SweepCallback(Callback):
         ok = completed and all(child.info.status == "FINISHED" for child in children)
         status = "FINISHED" if ok else "FAILED"
         self.client.set_tag(state.parent_run_id, "opd.jobs", str(len(children)))
+        self._log_outcome(state.parent_run_id, children)
         self.client.set_terminated(state.parent_run_id, status)
-        logger.info("sweep parent run %s ended %s (%d job runs)", state.parent_run_id, status, len(children))
+        logger.info("sweep parent run %s ended %s (%d job runs); compare them: python -m experiments.compare %s",
+                    state.parent_run_id, status, len(children), state.sweep_dir)
+
+    def _log_outcome(self, parent_run_id: str, children: list[Any]) -> None:
+        """The sweep at a glance on its parent: jobs finished and failed, the objective's highest,
+        lowest and mean (each job already logged its own objective there at its job number)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        objectives = [c.data.metrics["objective"] for c in children if math.isfinite(c.data.metrics.get("objective", math.nan))]
+        values = {"jobs/finished": sum(c.info.status == "FINISHED" for c in children), "jobs/failed": sum(c.info.status != "FINISHED" for c in children)}
+        if objectives:
+            values.update({"objective/max": max(objectives), "objective/min": min(objectives), "objective/mean": sum(objectives) / len(objectives)})
+        self.client.log_batch(parent_run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()])

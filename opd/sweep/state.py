@@ -36,6 +36,11 @@ class SweepState:
     # The shared server's /v1 URLs and the settings it was started with (None: each job starts its own).
     server_urls: Optional[list[str]] = None
     server_settings: dict[str, Any] = field(default_factory=dict)
+    # Jobs in the sweep (None: the sweeper does not say), when it started (epoch seconds), and
+    # whether jobs run at once here (then the launcher shows one progress display for all).
+    jobs: Optional[int] = None
+    started: Optional[float] = None
+    parallel: bool = False
 
 
 def write_state(state: SweepState) -> Path:
@@ -62,6 +67,22 @@ def swept_keys(task_overrides: list[str], sweeper_params: dict[str, Any] | None)
     keys = [o.key_or_group for o in parsed if o.is_sweep_override()]
     keys += [str(k) for k in (sweeper_params or {}) if str(k) not in keys]
     return keys
+
+
+def count_jobs(task_overrides: list[str], sweeper: str, params: dict[str, Any] | None, n_trials: int | None) -> int | None:
+    """How many jobs a sweep runs: the grid of the basic sweeper (command-line sweeps and its
+    `params`), Optuna's `n_trials`; None for a sweeper (its `_target_`) that does not say."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if "optuna" in sweeper.lower():
+        return n_trials
+    if not sweeper.endswith("BasicSweeper"):
+        return None
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    overrides = list(task_overrides) + [f"{k}={v}" for k, v in (params or {}).items()]
+    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(overrides), None)
+    return sum(len(batch) for batch in batches)
 
 
 def job_label(job_overrides: list[str], swept: list[str]) -> dict[str, str]:
@@ -108,14 +129,14 @@ def shared_server_for(state: SweepState | None, server: Any) -> list[str] | None
     return list(state.server_urls)
 
 
-
-
 @dataclass(frozen=True)
 class SweepJob:
-    """This process's place in a sweep: the sweep's state and the values this job sweeps."""
+    """This process's place in a sweep: the sweep's state, the values this job sweeps and its
+    number in the sweep (from 0)."""
 
     state: SweepState
     swept: dict[str, str]
+    num: int = 0
 
     def tags(self) -> dict[str, str]:
         """The job run's sweep tags: the sweep dir, the swept keys, and the scheduler's job (Slurm)."""
@@ -148,4 +169,4 @@ def current_job() -> SweepJob | None:
             f"sweep job without sweep state in {hydra_cfg.sweep.dir}: the sweep callback "
             "(opd.sweep.callback.SweepCallback, hydra.callbacks.sweep) did not run or failed; see its warning above"
         )
-    return SweepJob(state, job_label(list(hydra_cfg.overrides.task), state.swept))
+    return SweepJob(state, job_label(list(hydra_cfg.overrides.task), state.swept), int(hydra_cfg.job.num))

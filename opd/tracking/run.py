@@ -1,8 +1,11 @@
 """One MLflow run: opened with its params, tags and dataset input, logged to, and closed.
 
 `tracking.uri` decides where the run goes, its artifacts included (`opd.tracking.store`); the
-embedded default is a sqlite store under outputs/ with artifacts beside it. Params are the
-flattened resolved config, each value cut to `max_param_chars` (the whole config is an artifact).
+embedded default is a sqlite store under output_root with artifacts beside it. Params are the
+flattened resolved config, each value cut to `max_param_chars` (the whole config is an artifact),
+without the directories the run writes to (tags: they differ between runs that ran the same).
+Times are the run's own: the MLflow run starts when the run started and ends when it ended, and
+each metric carries the time it was logged, however late the tracking process makes the call.
 `open_run` is the run's lifetime: the store is checked cheaply before anything starts, the MLflow
 calls are made by a process of their own (`Tracker`, `opd.tracking.session`), and the run ends
 FINISHED when its block returns, KILLED on Ctrl-C or SIGTERM, FAILED on any other exception. A
@@ -14,11 +17,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import pickle
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -33,6 +38,8 @@ from opd.tracking.session import DatasetRef, ensure_experiment, git_commit, syst
 from opd.tracking.store import absolute_tracking_uri, artifact_location, check_store
 
 logger = logging.getLogger(__name__)
+# The tracking process's own output (MLflow's messages), relayed into the run's log.
+_process_logger = logging.getLogger("mlflow.process")
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # In the run directory: the MLflow run's id (written by the tracking process once the run is
@@ -70,6 +77,7 @@ class Tracker:
     def __init__(
         self, uri: str, experiment: str, artifact_root: str | None, run_name: str | None, max_param_chars: int,
         parent_run_id: str | None = None, experiment_id: str | None = None, run_id: str | None = None, run_file: Path | None = None,
+        started: float | None = None, source: dict[str, str] | None = None,
     ) -> None:
         self.uri = absolute_tracking_uri(uri)
         self.max_param_chars = max_param_chars
@@ -86,8 +94,9 @@ class Tracker:
         os.environ.pop("MLFLOW_RUN_ID", None)  # an inherited id would hijack the run
         location = artifact_location(self.uri, artifact_root)
         self.run_file = run_file
+        self.parent_run_id = parent_run_id
         self._opened = self._send("open", self.uri, experiment, location, run_name, parent_run_id, experiment_id, run_id,
-                                  None if run_file is None else str(run_file))
+                                  None if run_file is None else str(run_file), _ms(started or time.time()), dict(source or {}))
 
         def opened(future: Future) -> None:
             if future.exception() is None:
@@ -104,10 +113,11 @@ class Tracker:
             if self._process is not None:
                 return
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))}
-            self._process = subprocess.Popen([sys.executable, "-m", "opd.tracking.session"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            self._process = subprocess.Popen([sys.executable, "-m", "opd.tracking.session"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, env=env)
             if self.run_file is not None:  # a resume waits for it: killed with us, it still sends what it has
                 self.run_file.with_name(PROCESS_FILE).write_text(str(self._process.pid))
-            for target in (self._write, self._read):
+            for target in (self._write, self._read, self._relay):
                 thread = threading.Thread(target=target, name=f"mlflow-{target.__name__[1:]}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
@@ -133,8 +143,11 @@ class Tracker:
         return self.experiment_id
 
     def log_config(self, resolved: dict[str, Any], yaml_text: str) -> None:
+        """The resolved config as params (but the run's directories, which are tags) and as config.yaml."""
         params = {}
         for key, value in flatten(resolved).items():
+            if key in DIRECTORY_KEYS:
+                continue
             text = str(value)
             params[key] = text if len(text) <= self.max_param_chars else text[: self.max_param_chars - 3] + "..."
         self.log_params(params)
@@ -158,7 +171,14 @@ class Tracker:
         self._send("log_dataset", name, ref, rows, context)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._send("log_metrics", {k: float(v) for k, v in metrics.items()}, step)
+        """Metrics at `step`, stamped with the time of this call."""
+        self._send("log_metrics", {k: float(v) for k, v in metrics.items()}, step, _ms(time.time()))
+
+    def log_to_parent(self, metrics: dict[str, float], step: int) -> None:
+        """Metrics on the sweep's parent run at `step` (a job's objective at its job number), so the
+        parent's charts show the sweep; nothing for a run that is not a sweep job."""
+        if self.parent_run_id is not None:
+            self._send("log_parent_metrics", self.parent_run_id, {k: float(v) for k, v in metrics.items()}, step, _ms(time.time()))
 
     def log_artifact(self, path: Path, folder: str | None = None) -> None:
         self._wait("log_artifact", str(Path(path).resolve()), folder)
@@ -178,7 +198,7 @@ class Tracker:
             import mlflow
 
             mlflow.end_run(status=status)
-        done = self._send("end", status if self._error is None else "FAILED", check=False)
+        done = self._send("end", status if self._error is None else "FAILED", _ms(time.time()), check=False)
         self._outbox.put(None)
         with contextlib.suppress(Exception):
             done.result()
@@ -232,6 +252,19 @@ class Tracker:
             with contextlib.suppress(OSError):
                 pipe.close()
 
+    def _relay(self) -> None:
+        """The tracking process's own output (MLflow's messages) into this run's log, as the
+        logger `mlflow.process`: its INFO lines reach the log file, its warnings the console too."""
+        assert self._process is not None and self._process.stderr is not None
+        level = logging.INFO
+        for raw in self._process.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            if not line:
+                continue
+            if not line[0].isspace():  # a new message (an indented line continues the last one)
+                level = logging.WARNING if any(w in line for w in ("WARNING", "ERROR", "Traceback", "Error")) else logging.INFO
+            _process_logger.log(level, "%s", line)
+
     def _read(self) -> None:
         """Settle each call with its answer, in order; a failure is kept (the first one)."""
         assert self._process is not None and self._process.stdout is not None
@@ -265,6 +298,44 @@ class Tracker:
             self._error = self._error or error
             for _, future in lost:
                 future.set_exception(error)
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+# Config keys that say where a run writes: tags of the run, never params.
+DIRECTORY_KEYS = ("output_dir", "output_root")
+# Overrides that say where or how a run is recorded, or which server does the work, rather than
+# what the run does: left out of its name (env and model lead it anyway); keys whose values may be
+# secrets are left out too.
+_UNNAMED = {"env", "model", "server", "server.model", "server.base_urls", "judge.base_url", "output_root", "output_dir", "resume",
+            "runner.progress", "experiment"}
+_UNNAMED_PREFIXES = ("hydra.", "hydra/", "tracking.")
+_SECRET = re.compile(r"key|token|secret|password", re.IGNORECASE)
+
+
+def run_title(env: str, model: str, overrides: list[str], limit: int = 200) -> str:
+    """A run's name from what was asked: `opd_coding fixture distill_topk=20 total_steps=6`
+    (the environment, the model, the overrides that change what the run does)."""
+    shown = []
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key in _UNNAMED or key.startswith(_UNNAMED_PREFIXES) or _SECRET.search(key):
+            continue
+        shown.append(override.lstrip("+"))
+    name = " ".join([env, model, *shown])
+    return name if len(name) <= limit else name[: limit - 3] + "..."
+
+
+def source_tags(argv: list[str]) -> dict[str, str]:
+    """MLflow's source tags for the launcher (not the tracking process that makes the calls): the
+    script it ran and the command line, with values of secret-looking keys hidden."""
+    shown = [f"{a.split('=', 1)[0]}=***" if "=" in a and _SECRET.search(a.split("=", 1)[0]) else a for a in argv[1:]]
+    script = str(Path(argv[0]).resolve()) if argv and argv[0] else "python"
+    module = Path(script).relative_to(_PACKAGE_ROOT).with_suffix("").as_posix().replace("/", ".") if script.startswith(str(_PACKAGE_ROOT)) else None
+    command = " ".join(["python", "-m", module] if module else ["python", script]) + (" " + " ".join(shown) if shown else "")
+    return {"mlflow.source.name": script, "mlflow.source.type": "LOCAL", "opd.command": command[:5000]}
 
 
 def previous_run_id(out: Path, wait_s: float = 120.0) -> str | None:
@@ -302,6 +373,9 @@ class RunInfo:
     tags: dict[str, str]
     swept: dict[str, str]
     dataset: tuple[str, DatasetRef, list[dict[str, Any]], str] | None  # (name, ref, rows, context)
+    # When the run started (epoch seconds; None: when the MLflow run is opened) and MLflow's source tags.
+    started: float | None = None
+    source: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -313,7 +387,8 @@ def open_run(tracking: Any, out: Path, resolved: dict[str, Any], yaml_text: str,
     tracking fails the block at its next call to the tracker, or at its end."""
     check_store(tracking.uri, tracking.artifact_root)
     tracker = Tracker(tracking.uri, tracking.experiment, tracking.artifact_root, info.name, tracking.max_param_chars,
-                      parent_run_id=info.parent_run_id, experiment_id=info.experiment_id, run_id=resume_id, run_file=out / RUN_FILE)
+                      parent_run_id=info.parent_run_id, experiment_id=info.experiment_id, run_id=resume_id, run_file=out / RUN_FILE,
+                      started=info.started, source=info.source)
     status = "FAILED"
     try:
         if begin:
@@ -324,7 +399,8 @@ def open_run(tracking: Any, out: Path, resolved: dict[str, Any], yaml_text: str,
         else:
             tracker.log_config(resolved, yaml_text)
             tracker.log_params(info.swept)
-            tracker.set_tags({**info.tags, "output_dir": str(out.resolve()), "opd.pid": str(os.getpid())})
+            directories = {key: str(Path(str(resolved[key])).resolve()) for key in DIRECTORY_KEYS if resolved.get(key)}
+            tracker.set_tags({**info.tags, **directories, "output_dir": str(out.resolve()), "opd.pid": str(os.getpid())})
             if info.dataset is not None:
                 tracker.log_dataset(*info.dataset)
         yield tracker

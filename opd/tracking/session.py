@@ -107,6 +107,8 @@ class Session:
 
         self.mlflow = mlflow
         self.opened = False
+        self.client: Any = None
+        self.run_id: str | None = None
 
     def call(self, name: str, args: tuple[Any, ...]) -> Any:
         """Make one call. Nothing but `open` and `end` runs before the run is open: MLflow's
@@ -117,9 +119,14 @@ class Session:
         return getattr(self, name)(*args)
 
     def open(self, uri: str, experiment: str, location: str | None, run_name: str | None, parent_run_id: str | None,
-             experiment_id: str | None, run_id: str | None, run_file: str | None) -> tuple[str, str]:
-        """Open (or, with `run_id`, continue) the run; its (run id, experiment id). The id goes to
-        `run_file` at once, from here: a run killed before the answer still leaves it for resume."""
+             experiment_id: str | None, run_id: str | None, run_file: str | None, started_ms: int | None = None,
+             source: dict[str, str] | None = None) -> tuple[str, str]:
+        """Open (or, with `run_id`, continue) the run; its (run id, experiment id). A new run starts
+        at `started_ms` (the run's own start, not this call's) with MLflow's context tags, `source`
+        over them. The id goes to `run_file` at once, from here: a run killed before the answer
+        still leaves it for resume."""
+        from mlflow.tracking.context import registry as context
+
         mlflow = self.mlflow
         mlflow.set_tracking_uri(uri)
         client = mlflow.MlflowClient(uri)
@@ -128,7 +135,11 @@ class Session:
             run = mlflow.start_run(run_id=run_id)
         else:
             experiment_id = experiment_id or ensure_experiment(client, experiment, location)
-            run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, parent_run_id=parent_run_id)
+            tags = context.resolve_tags({**(source or {}), **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {})})
+            created = client.create_run(experiment_id, start_time=started_ms, tags=tags, run_name=run_name)
+            run = mlflow.start_run(run_id=created.info.run_id)
+        self.run_id = run.info.run_id
+        self.client = client
         if run_file is not None:
             path = Path(run_file)
             path.with_suffix(".tmp").write_text(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri}))
@@ -145,8 +156,13 @@ class Session:
     def set_tags(self, tags: dict[str, str]) -> None:
         self.mlflow.set_tags({**system_tags(), **tags})
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics(metrics, step=step)
+    def log_metrics(self, metrics: dict[str, float], step: int, timestamp_ms: int | None = None) -> None:
+        self.mlflow.log_metrics(metrics, step=step, timestamp=timestamp_ms)
+
+    def log_parent_metrics(self, parent_run_id: str, metrics: dict[str, float], step: int, timestamp_ms: int) -> None:
+        from mlflow.entities import Metric
+
+        self.client.log_batch(parent_run_id, metrics=[Metric(k, v, timestamp_ms, step) for k, v in metrics.items()])
 
     def log_artifact(self, path: str, folder: str | None) -> None:
         self.mlflow.log_artifact(path, artifact_path=folder)
@@ -170,9 +186,12 @@ class Session:
                 raise
             self.mlflow.log_input(dataset, context=context)
 
-    def end(self, status: str) -> None:
+    def end(self, status: str, ended_ms: int | None = None) -> None:
+        """End the run `status` at `ended_ms` (when the run ended, not when this call is made)."""
         if self.mlflow.active_run() is not None:
             self.mlflow.end_run(status=status)
+            if ended_ms is not None:
+                self.client.set_terminated(self.run_id, status, end_time=ended_ms)
 
 
 def serve(calls: Any, answers: Any) -> bool:

@@ -21,6 +21,10 @@
     ["format_violations", "fmt", true, "rollouts with a format violation"], ["tool_calls", "tools", true, "tool calls"],
     ["tool_errors", "errs", true, "tool errors"],
   ];
+  // OPD data (judged turns, teacher rows): its controls are shown only where a group has it.
+  const hasOPD = (row) => row[COL.judged_turns] > 0 || row[COL.scored_turns] > 0;
+  const PAGE_OPD = ROWS.some(hasOPD);
+  if (!PAGE_OPD) INDEX_COLUMNS.splice(INDEX_COLUMNS.findIndex(([name]) => name === "hinted_turns"), 1);
   const state = { filter: "all", env: "", search: "", sort: "group", desc: false, page: 0, list: ROWS, group: null, rollout: null };
   const cache = new Map(); // group index -> unpacked data (the last few opened)
   let view = null; // the open rollout's per-position arrays, for the token popup
@@ -62,6 +66,7 @@
     if (name === "score_std") return `<td class="num" title="min ${num(row[COL.score_min])} · max ${num(row[COL.score_max])}">${num(v)}</td>`;
     const flag = (name === "failed" || name === "format_violations" || name === "tool_errors") && v > 0 ? " bad" : name === "hinted_turns" && v > 0 ? " good" : "";
     if (name === "item") return `<td class="item" title="${esc(v)}">${esc(v)}</td>`;
+    if (name === "hinted_turns" && !hasOPD(row)) return '<td class="num muted" title="no OPD data in this group">–</td>';
     return `<td class="${numeric ? "num" : ""}${flag}">${esc(num(v))}</td>`;
   }
 
@@ -170,6 +175,7 @@
     if ("answer" in go) facts.push(["answer", go.answer]);
     for (const [k, v] of Object.entries(go)) if (k !== "item_id" && k !== "answer") facts.push([k, typeof v === "object" ? JSON.stringify(v) : v]);
     facts.push(["scores", data.sequences.map((s) => num(s.score)).join(", ")], ["generation", JSON.stringify(data.generation_params)]);
+    const opd = hasOPD(row);
     const rollouts = data.sequences.map((s, r) => {
       const d = s.details;
       const ok = passedOf(env, d);
@@ -177,12 +183,12 @@
       return `<tr data-r="${r}"><td class="num">${r}</td><td class="num">${num(s.score)}</td>` +
         `<td class="${ok === true ? "good" : ok === false ? "bad" : ""}">${ok === null ? "–" : ok ? "yes" : "no"}${d.tests ? ` (${esc(d.tests)})` : ""}</td>` +
         `<td>${esc(d.finish ?? "–")}</td><td class="num">${toolCallsOf(d)}</td><td class="num${d.tool_errors ? " bad" : ""}">${num(d.tool_errors ?? 0)}</td>` +
-        `<td class="num">${turns.filter((t) => t.hint).length}/${turns.length}</td><td class="num">${num(d.generated_tokens ?? "–")}</td></tr>`;
+        (opd ? `<td class="num">${turns.filter((t) => t.hint).length}/${turns.length}</td>` : "") + `<td class="num">${num(d.generated_tokens ?? "–")}</td></tr>`;
     }).join("");
     $("detail").innerHTML =
       `<h2>group ${g} · ${esc(go.item_id ?? "")}</h2><dl class="kv">${facts.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(num(v))}</dd>`).join("")}</dl>` +
       `<h3>Rollouts</h3><table class="rollouts"><thead><tr><th class="num">#</th><th class="num">score</th><th>passed</th><th>finish</th>` +
-      `<th class="num">tool calls</th><th class="num">tool errors</th><th class="num">hinted/judged turns</th><th class="num">generated tokens</th></tr></thead>` +
+      `<th class="num">tool calls</th><th class="num">tool errors</th>${opd ? '<th class="num">hinted/judged turns</th>' : ""}<th class="num">generated tokens</th></tr></thead>` +
       `<tbody>${rollouts}</tbody></table><div id="rollout"></div>`;
     $("detail").querySelector(".rollouts tbody").addEventListener("click", (e) => {
       const tr = e.target.closest("tr[data-r]");
@@ -281,6 +287,7 @@
     document.querySelectorAll(".rollouts tr.open").forEach((tr) => tr.classList.remove("open"));
     document.querySelector(`.rollouts tr[data-r="${r}"]`)?.classList.add("open");
     view = positions(seq, data.scales);
+    view.opd = hasOPD(summaryOf(g));
     const turns = turnsOf(d);
     const ok = passedOf(env, d);
     const facts = [["score", num(seq.score)], ["passed", ok === null ? "–" : ok ? "yes" : "no"]];
@@ -292,9 +299,9 @@
     $("rollout").innerHTML =
       `<h3>Rollout ${r}</h3><dl class="kv">${facts.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("")}</dl>` +
       drawTurnsTable(turns) +
-      `<h3>Tokens (${view.n}; ${scored} with a teacher row)</h3><div class="legend">` +
+      `<h3>Tokens (${view.n}${view.opd ? `; ${scored} with a teacher row` : ""})</h3><div class="legend">` +
       `<span class="sw prompt t">prompt (masked)</span><span class="sw inserted t">inserted, not sampled (masked)</span><span class="sw">generated</span>` +
-      `<span>scored turns: A = teacher − student logprob <span class="bar"></span> −3 … 0 … +3</span></div>` +
+      (view.opd ? `<span>scored turns: A = teacher − student logprob <span class="bar"></span> −3 … 0 … +3</span>` : "") + `</div>` +
       `<div class="tokens" id="tokens">${drawTokens(view, turns)}</div>` +
       (seq.messages ? `<h3>Conversation</h3>${drawMessages(seq.messages, turns)}` : '<p class="muted">No chat messages in this record: the tokens are the whole conversation.</p>');
     setHash(g, r);
@@ -321,7 +328,7 @@
     const lines = [`<b>${esc(listText(piece(id)))}</b> · pos ${p} · id ${id} · ${v.kind[p] === 2 ? "inserted, not sampled" : KIND[v.kind[p]]}${v.kind[p] === 1 ? "" : " (masked)"}`];
     if (!Number.isNaN(student)) lines.push(`student logprob ${student.toFixed(3)}`);
     if (teacher !== null) lines.push(`teacher logprob ${teacher.toFixed(3)}` + (Number.isNaN(student) ? "" : ` · A = ${signed(teacher - student)}`));
-    let table = '<p class="empty">No teacher row at this position.</p>';
+    let table = v.opd ? '<p class="empty">No teacher row at this position.</p>' : "";
     const j = v.rowAt[p];
     if (j >= 0) {
       const rows = [];
@@ -387,11 +394,15 @@
   window.addEventListener("hashchange", openFromHash);
   document.addEventListener("keydown", (e) => { if (e.key === "Escape") hidePopup(); });
 
+  if (!PAGE_OPD) {
+    $("filter").querySelector('option[value="hints"]').remove();
+    $("help").textContent = "a group, then a rollout; a token shows its ids and logprob; the address links to what is open";
+  }
   const envs = [...new Set(ROWS.map((row) => row[COL.env]))].sort();
   $("env").innerHTML += envs.map((e) => `<option>${esc(e)}</option>`).join("");
   const rollouts = ROWS.reduce((n, row) => n + row[COL.rollouts], 0);
   const hints = ROWS.reduce((n, row) => n + row[COL.hinted_turns], 0);
-  $("totals").textContent = `${ROWS.length} groups · ${rollouts} rollouts · ${envs.join(", ")} · ${hints} hinted turns`;
+  $("totals").textContent = `${ROWS.length} groups · ${rollouts} rollouts · ${envs.join(", ")}` + (PAGE_OPD ? ` · ${hints} hinted turns` : "");
   $("problems").textContent = SUMMARY.problems.length ? `${SUMMARY.problems.length} problem(s): ${SUMMARY.problems.slice(0, 3).join("; ")}` : "";
   drawIndex();
   // When the index is up (also while the group blobs further down are still being parsed).

