@@ -526,3 +526,23 @@ def test_parsers_never_raise_on_adversarial_token_soup(text: str) -> None:
             parse(text)
         except allowed:
             pass
+
+
+# ---- third round: what stopped a terminal command is said in words ----------------------------
+
+TERMINAL_STOPS = {
+    # command, limits, words the status must hold
+    "segfault": ("python -c 'import ctypes; ctypes.string_at(0)'", LIMITS, "killed by SIGSEGV"),
+    "cpu_limit": ("while :; do :; done", sandbox_limits(timeout_s=20, cpu_s=1), "CPU limit (1 s)"),
+    "file_size": ("head -c 3000000 /dev/zero > big", sandbox_limits(file_size_mb=1), "file-size limit (1 MiB per file)"),
+    "abort": ("python -c 'import os; os.abort()'", LIMITS, "killed by SIGABRT"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TERMINAL_STOPS))
+def test_the_terminal_names_what_stopped_a_command(name: str) -> None:
+    command, limits, words = TERMINAL_STOPS[name]
+    with workspace(limits) as (_, tools):
+        output = call(tools, "terminal", command=command)
+    status = output.rsplit("[", 1)[-1]
+    assert words in status, output[-300:]

@@ -180,7 +180,7 @@ class Workspace:
             raise ToolError(f"the workspace went over its {self.limits.workspace_mb} MiB quota; its files were removed")
         result = await run_command(["/bin/bash", "-c", command], self.root, self.limits, self.lease.uid)
         output = result.stdout + result.stderr
-        status = f"timed out after {self.limits.timeout_s:g} s" if result.timed_out else f"exit code {result.exit_code}"
+        status = f"timed out after {self.limits.timeout_s:g} s" if result.timed_out else terminal_status(result.exit_code, result.error)
         if await self.used_mb() > self.limits.workspace_mb:
             await self._clear()
             status += f"; the workspace went over its {self.limits.workspace_mb} MiB quota and its files were removed"
@@ -198,6 +198,14 @@ class Workspace:
         await remove_call_dir(self.root)
         self.root = make_call_dir("rollout-", self.lease.uid)
         self.over_quota = True
+
+
+def terminal_status(exit_code: int | None, stopped: str | None) -> str:
+    """`exit code N`, and what stopped the command in words when a signal or a limit did (the
+    model then reads `exit code 152: stopped at the CPU limit (10 s)`, not a bare 152)."""
+    if stopped is None or stopped.startswith("exited with code"):
+        return f"exit code {exit_code}"
+    return f"exit code {exit_code}: {stopped}"
 
 
 def _why(err: OSError, path: str) -> str:
