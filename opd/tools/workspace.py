@@ -27,6 +27,10 @@ from opd.tools.sandbox import UidLease, disk_usage, make_call_dir, remove_call_d
 logger = logging.getLogger(__name__)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# The deepest path and the longest path the file tools take: they walk (and make) one directory
+# per component on the event loop, so a path thousands deep would hold it for a second.
+MAX_PATH_PARTS = 32
+MAX_PATH_CHARS = 4096
 
 
 class Workspace:
@@ -55,6 +59,8 @@ class Workspace:
             raise ToolError("path must be a non-empty string")
         if "\x00" in path:
             raise ToolError("path contains a NUL byte")
+        if len(path) > MAX_PATH_CHARS:
+            raise ToolError(f"path longer than {MAX_PATH_CHARS} characters")
         pure = PurePosixPath(path)
         if pure.is_absolute():
             raise ToolError(f"absolute paths are not allowed: {path}")
@@ -63,6 +69,8 @@ class Workspace:
         parts = [p for p in pure.parts if p != "."]
         if not parts:
             raise ToolError(f"not a file path: {path}")
+        if len(parts) > MAX_PATH_PARTS:
+            raise ToolError(f"path deeper than {MAX_PATH_PARTS} directories: {path[:200]}")
         return parts
 
     def _parent(self, path: str, create: bool) -> tuple[int, str]:
