@@ -744,3 +744,106 @@ def test_a_vote_that_adopts_the_planted_hint_is_not_counted() -> None:
     judgement = asyncio.run(judge_pair(HOSTILE_PAIR, chat, cfg))
     assert judgement.decision == -1 and judgement.hint is None and judgement.planted == 1, judgement
     assert [v.decision for v in judgement.votes] == [None, -1, -1]
+
+
+# ---- third round: a records file is data, never script ----------------------------------------
+# Every field a hostile file can fill reaches the page as text: the viewer escapes what it shows
+# and its Content Security Policy runs only its own script. The record check refuses every group.
+
+import copy  # noqa: E402
+import json  # noqa: E402
+
+from experiments.bench.chromium import Chromium, chromium_binary  # noqa: E402
+from opd.records import check_group  # noqa: E402
+from opd.records.viewer import write_viewer  # noqa: E402
+
+XSS = '<img src=x onerror="window.__pwned=(window.__pwned||0)+1"><script>window.__pwned=1</script>'
+
+
+def _set(path: tuple, value: object):
+    def edit(group: dict) -> None:
+        target = group
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return edit
+
+
+# Each edit puts markup where a run writes a number, a list or a word.
+HOSTILE_EDITS = {
+    "score": _set(("scores", 0), XSS),
+    "generated_tokens": _set(("overrides", 0, "generated_tokens"), XSS),
+    "tools_used": _set(("overrides", 0, "tools_used"), {"length": XSS}),
+    "tool_calls": _set(("overrides", 0, "tool_calls"), XSS),
+    "tool_errors": _set(("overrides", 0, "tool_errors"), XSS),
+    "finish_and_tests": lambda g: g["overrides"][0].update(finish=XSS, tests=XSS),
+    "reward_signals": _set(("overrides", 0, "reward_signals"), {XSS: XSS}),
+    "unknown_detail": _set(("overrides", 0, XSS), XSS),
+    "turn_span": _set(("overrides", 0, "opd_turns", 0, "span"), [XSS, XSS]),
+    "turn_message_index": _set(("overrides", 0, "opd_turns", 0, "message_index"), XSS),
+    "turn_decision": _set(("overrides", 0, "opd_turns", 0, "decision"), XSS),
+    "turn_votes": _set(("overrides", 0, "opd_turns", 0, "votes"), XSS),
+    "turn_hint_and_error": lambda g: g["overrides"][0]["opd_turns"][0].update(hint=XSS, error=XSS, scored=XSS),
+    "opd_turns": _set(("overrides", 0, "opd_turns"), XSS),
+    "group_overrides": _set(("group_overrides",), {"item_id": XSS, XSS: XSS, "answer": [XSS]}),
+    "generation_params": _set(("generation_params",), {XSS: {XSS: XSS}}),
+    "message_role_and_content": _set(("messages", 0, 0), {"role": XSS, "content": {XSS: XSS}}),
+    "message": _set(("messages", 0, 1), XSS),
+    "messages": _set(("messages", 0), XSS),
+}
+
+
+def _hostile_records(tokenizer, path: Path) -> list[str]:
+    from test_viewer import coding_group
+
+    base = coding_group(tokenizer)
+    names = sorted(HOSTILE_EDITS)
+    with open(path, "w") as out:
+        for name in names:
+            group = copy.deepcopy(base)
+            HOSTILE_EDITS[name](group)
+            out.write(json.dumps(group) + "\n")
+    return names
+
+
+# Markup in a field that holds text, or under a key the format does not name, is a valid record:
+# the viewer shows it as text.
+WELL_TYPED = {"finish_and_tests", "unknown_detail"}
+
+
+def test_the_record_check_refuses_every_field_of_the_wrong_type(tokenizer, tmp_path: Path) -> None:
+    names = _hostile_records(tokenizer, tmp_path / "hostile.jsonl")
+    from opd.records.__main__ import check_file
+
+    count, problems = check_file(tmp_path / "hostile.jsonl")
+    refused = {names[int(p.split(":")[0].removeprefix("group ")) - 1] for p in problems}
+    assert count == len(names) and refused == set(names) - WELL_TYPED, (set(names) - WELL_TYPED) ^ refused
+
+
+@pytest.mark.skipif(chromium_binary() is None, reason="chromium is not installed (scripts/install.sh installs it as root with apt)")
+def test_a_hostile_records_file_runs_no_script_in_the_viewer(tokenizer, tmp_path: Path) -> None:
+    names = _hostile_records(tokenizer, tmp_path / "hostile.jsonl")
+    page = write_viewer(tmp_path / "hostile.jsonl", tokenizer, tmp_path / "hostile.html")
+    with Chromium() as browser:
+        # Installed before the page's own script (DevTools scripts are not subject to its policy).
+        browser.send("Page.addScriptToEvaluateOnNewDocument", source=(
+            "window.__violations = []; document.addEventListener('securitypolicyviolation', "
+            "(e) => window.__violations.push(e.violatedDirective + ' ' + e.blockedURI + ' ' + (e.sample || '')));"))
+        browser.goto(page.as_uri())
+        browser.wait_for("document.documentElement.dataset.indexMs")
+        shown = browser.evaluate("[...document.querySelectorAll('#index-rows tr[data-g]')].map(tr => Number(tr.dataset.g))")
+        assert len(shown) >= len(names) - 4, shown  # most groups are shown; the rest are named in the header
+        for g in shown:
+            browser.evaluate(f"(() => {{ document.querySelector('#index-rows tr[data-g=\"{g}\"]').click(); return true; }})()")
+            browser.wait_for(f"document.querySelector('#detail h2') && document.querySelector('#detail h2').textContent.startsWith('group {g} ')")
+            for r in range(browser.evaluate("document.querySelectorAll('.rollouts tr[data-r]').length")):
+                browser.evaluate(f"(() => {{ document.querySelector('.rollouts tr[data-r=\"{r}\"]').click(); return true; }})()")
+                browser.wait_for("!!document.getElementById('tokens')")
+                browser.evaluate("(() => { const t = document.querySelector('#tokens .t.scored') || document.querySelector('#tokens .t'); t.click(); return true; })()")
+        injected = browser.evaluate("document.querySelectorAll('img, iframe, object, embed, [onerror], [onload], #detail script, #index script').length")
+        text = browser.evaluate("document.body.textContent")
+        assert browser.evaluate("window.__pwned === undefined"), "a value of the file ran as script"
+        assert injected == 0, "a value of the file became markup"
+        assert browser.evaluate("window.__violations") == [], "markup reached the page (the policy stopped it)"
+        assert XSS in text  # shown, as text
+        assert browser.page_errors == [], browser.page_errors
