@@ -847,3 +847,51 @@ def test_a_hostile_records_file_runs_no_script_in_the_viewer(tokenizer, tmp_path
         assert browser.evaluate("window.__violations") == [], "markup reached the page (the policy stopped it)"
         assert XSS in text  # shown, as text
         assert browser.page_errors == [], browser.page_errors
+
+
+# ---- third round: no secret reaches MLflow ---------------------------------------------------
+
+SECRETS = {
+    "server.api_key": "opd-secret-server-key-1",
+    "judge.api_key": "opd-secret-judge-key-2",
+    "url_password": "opd-secret-url-password-3",
+    "url_token": "opd-secret-url-token-4",
+    "flag": "sk-opdsecretflagvalue5555555",
+    "flag_inline": "opd-secret-inline-flag-6",
+    "hf": "hf_opdsecrethubtoken7777777777777",
+}
+
+
+def test_secrets_in_the_config_never_reach_mlflow(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from opd.tracking.run import DatasetRef, RunInfo, open_run
+
+    cfg = validate(compose([
+        "env=opd_coding", "judge=server", "judge.model=judge", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "tracking.experiment=secrets",
+        f"server.api_key={SECRETS['server.api_key']}", f"judge.api_key={SECRETS['judge.api_key']}",
+        f"judge.base_url='http://opd:{SECRETS['url_password']}@judge-host:8000/v1'",
+        "dataset=coding_local", f"dataset.path='https://data-host/set.jsonl?token={SECRETS['url_token']}'",
+        f"server.extra_args=[--api-key,{SECRETS['flag']},'--hf-token={SECRETS['flag_inline']}']",
+        f"env.system_prompt=use the hub token {SECRETS['hf']}",
+    ]))
+    resolved = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    # Swept values name the run and are params; tags and a dataset source may hold URLs too.
+    info = RunInfo(f"server.api_key={SECRETS['server.api_key']},seed=1", None, None,
+                   {"server": f"http://opd:{SECRETS['url_password']}@gpu-a:8000/v1"}, {"server.api_key": SECRETS["server.api_key"]},
+                   ("remote", DatasetRef("local", f"https://opd:{SECRETS['url_password']}@data-host/set.jsonl", None, "train", "remote set"), [{"id": 1}], "train"))
+    with open_run(cfg.tracking, tmp_path, resolved, info) as tracker:
+        tracker.set_tags({"judge_url": f"http://judge-host:8000/v1?api_key={SECRETS['url_token']}"})
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("secrets").experiment_id])
+    config_yaml = Path(client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))).read_text()
+    logged = json.dumps([run.data.params, run.data.tags, run.info.run_name, [str(i.dataset) for i in run.inputs.dataset_inputs]]) + config_yaml
+    leaked = [name for name, secret in SECRETS.items() if secret in logged]
+    assert leaked == [], leaked
+    assert run.data.params["server.api_key"] == "***" and run.data.params["judge.api_key"] == "***"
+    assert run.data.params["judge.base_url"] == "http://opd:***@judge-host:8000/v1"
+    assert run.data.params["dataset.path"] == "https://data-host/set.jsonl?token=***"
+    assert run.data.params["server.max_requests_in_flight"] == str(cfg.server.max_requests_in_flight)  # the rest as it was
+    assert "api_key: '***'" in config_yaml and "--api-key" in config_yaml

@@ -78,6 +78,7 @@ class SweepCallback(Callback):
         import mlflow
 
         from opd.tracking.run import ensure_experiment, system_tags
+        from opd.tracking.secrets import mask_overrides
         from opd.tracking.store import absolute_tracking_uri, artifact_location
 
         uri = absolute_tracking_uri(typed.tracking.uri)
@@ -89,7 +90,7 @@ class SweepCallback(Callback):
             **system_tags(),
             "opd.sweep_dir": state.sweep_dir,
             "opd.swept": ",".join(state.swept),
-            "opd.overrides": " ".join(overrides)[:5000],
+            "opd.overrides": " ".join(mask_overrides(overrides))[:5000],
             "opd.launcher_pid": str(os.getpid()),
         })
         state.parent_run_id, state.tracking_uri, state.experiment_id = run.info.run_id, uri, experiment_id

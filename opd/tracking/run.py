@@ -3,6 +3,8 @@
 `tracking.uri` decides where the run goes, its artifacts included (`opd.tracking.store`); the
 embedded default is a sqlite store under outputs/ with artifacts beside it. Params are the
 flattened resolved config, each value cut to `max_param_chars` (the whole config is an artifact).
+Secrets (API keys, tokens, passwords, credentials in URLs) are masked in every param, tag, run
+name, dataset source and config artifact before they leave this process (`opd.tracking.secrets`).
 `open_run` is the run's lifetime: the store is checked cheaply before anything starts, the MLflow
 calls are made by a process of their own (`Tracker`, `opd.tracking.session`), and the run ends
 FINISHED when its block returns, KILLED on Ctrl-C or SIGTERM, FAILED on any other exception. A
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from opd.config import ConfigError
+from opd.tracking import secrets
 from opd.tracking.session import DatasetRef, ensure_experiment, git_commit, system_tags  # noqa: F401 (re-exported)
 from opd.tracking.store import absolute_tracking_uri, artifact_location, check_store
 
@@ -86,6 +89,8 @@ class Tracker:
         os.environ.pop("MLFLOW_RUN_ID", None)  # an inherited id would hijack the run
         location = artifact_location(self.uri, artifact_root)
         self.run_file = run_file
+        if run_name is not None:  # named after swept values, which may be secrets
+            run_name = ",".join(secrets.mask_overrides(run_name.split(",")))
         self._opened = self._send("open", self.uri, experiment, location, run_name, parent_run_id, experiment_id, run_id,
                                   None if run_file is None else str(run_file))
 
@@ -132,17 +137,22 @@ class Tracker:
         self._traced = True
         return self.experiment_id
 
-    def log_config(self, resolved: dict[str, Any], yaml_text: str) -> None:
-        params = {}
-        for key, value in flatten(resolved).items():
-            text = str(value)
-            params[key] = text if len(text) <= self.max_param_chars else text[: self.max_param_chars - 3] + "..."
-        self.log_params(params)
-        self.log_text(yaml_text, "config.yaml")
+    def log_config(self, resolved: dict[str, Any], artifact_file: str = "config.yaml", params: bool = True) -> None:
+        """The resolved config, secrets masked: as params (unless `params` is false) and as a YAML artifact."""
+        masked = secrets.mask_config(resolved)
+        if params:
+            values = {}
+            for key, value in flatten(masked).items():
+                text = str(value)
+                values[key] = text if len(text) <= self.max_param_chars else text[: self.max_param_chars - 3] + "..."
+            self.log_params(values)
+        from omegaconf import OmegaConf
+
+        self.log_text(OmegaConf.to_yaml(masked), artifact_file)
 
     def log_params(self, params: dict[str, str]) -> None:
-        """Log params not logged yet (MLflow refuses to change a param)."""
-        items = [(k, v) for k, v in params.items() if k not in self.params]
+        """Log params not logged yet (MLflow refuses to change a param); secrets masked."""
+        items = [(k, v) for k, v in secrets.mask_params(params).items() if k not in self.params]
         self.params.update(k for k, _ in items)
         for start in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
             self._send("log_params", dict(items[start : start + 100]))
@@ -151,10 +161,13 @@ class Tracker:
         self._send("log_text", text, artifact_file)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self._send("set_tags", dict(tags))
+        """Set tags, secrets masked."""
+        self._send("set_tags", secrets.mask_params(dict(tags)))
 
     def log_dataset(self, name: str, ref: DatasetRef, rows: list[dict[str, Any]], context: str) -> None:
-        """The dataset as the run's input: name, digest (of the rows) and source, in the UI's Datasets column."""
+        """The dataset as the run's input: name, digest (of the rows) and source, in the UI's Datasets column
+        (a source URL's credentials masked)."""
+        ref = DatasetRef(ref.kind, None if ref.path is None else secrets.mask_text(ref.path), ref.subset, ref.split, secrets.mask_text(ref.described))
         self._send("log_dataset", name, ref, rows, context)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -305,7 +318,7 @@ class RunInfo:
 
 
 @contextlib.contextmanager
-def open_run(tracking: Any, out: Path, resolved: dict[str, Any], yaml_text: str, info: RunInfo, resume_id: str | None = None,
+def open_run(tracking: Any, out: Path, resolved: dict[str, Any], info: RunInfo, resume_id: str | None = None,
              kept: int = 0, begin: bool = False) -> Iterator[Tracker]:
     """The run's MLflow run for the length of the block (see the module docstring). A store that
     cannot be used is a ConfigError naming `tracking.uri`, raised before anything starts. The run
@@ -320,9 +333,9 @@ def open_run(tracking: Any, out: Path, resolved: dict[str, Any], yaml_text: str,
             tracker.begin()
         if resume_id is not None:
             tracker.set_tags({"opd.resumed_with_groups": str(kept)})
-            tracker.log_text(yaml_text, "config_resumed.yaml")
+            tracker.log_config(resolved, "config_resumed.yaml", params=False)
         else:
-            tracker.log_config(resolved, yaml_text)
+            tracker.log_config(resolved)
             tracker.log_params(info.swept)
             tracker.set_tags({**info.tags, "output_dir": str(out.resolve()), "opd.pid": str(os.getpid())})
             if info.dataset is not None:
