@@ -224,7 +224,13 @@ class SandboxConfig:
     uid_base: int = MISSING
 
     def __post_init__(self) -> None:
-        _one_of("env.sandbox.backend", self.backend, ("bwrap", "unshare"))
+        if self.backend == "unshare":
+            # It ran jailed code without a mount namespace: the launcher's file tools could be led
+            # through the code's hard links, and it shared /tmp and /var/tmp with the machine.
+            raise ConfigError("env.sandbox.backend=unshare was removed: it gave jailed code no mount isolation (shared /tmp, the "
+                              "launcher's file tools led through its hard links). Use bwrap (the default; scripts/install.sh installs "
+                              "the Debian package bubblewrap, or `apt-get install bubblewrap`)", "env.sandbox.backend")
+        _one_of("env.sandbox.backend", self.backend, ("bwrap",))
         for key in ("timeout_s", "cpu_s", "memory_mb", "file_size_mb", "max_processes", "output_chars", "tmp_mb", "workspace_mb"):
             _at_least(f"env.sandbox.{key}", getattr(self, key), 1)
         _at_least("env.sandbox.max_open_files", self.max_open_files, 8)

@@ -895,3 +895,15 @@ def test_secrets_in_the_config_never_reach_mlflow(tmp_path: Path) -> None:
     assert run.data.params["dataset.path"] == "https://data-host/set.jsonl?token=***"
     assert run.data.params["server.max_requests_in_flight"] == str(cfg.server.max_requests_in_flight)  # the rest as it was
     assert "api_key: '***'" in config_yaml and "--api-key" in config_yaml
+
+
+# ---- third round: no weaker jail ------------------------------------------------------------
+
+
+def test_the_unshare_backend_is_refused_naming_the_key_and_the_fix() -> None:
+    from opd.config import ConfigError
+
+    with pytest.raises(ConfigError, match="env.sandbox.backend=unshare was removed.*bubblewrap") as refused:
+        validate(compose(["env.sandbox.backend=unshare"]))
+    assert refused.value.key == "env.sandbox.backend"
+    assert validate(compose([])).env.sandbox.backend == "bwrap"

@@ -17,10 +17,8 @@ Per call (`env.sandbox.backend: bwrap`):
 - output captured to files outside the jail and cut to `output_chars`; the error says in words
   which limit stopped the call (CPU seconds, memory, file size, wall clock, a signal).
 
-Where bwrap cannot be used, `backend: unshare` runs the same limits and uid scheme with util-linux
-`unshare` (PID and network namespaces, no mount isolation: the code can read world-readable files
-and shares /tmp); it says so with a warning. A missing or unusable bwrap with `backend: bwrap` is
-an error that names the fix.
+A missing or unusable bwrap is an error that names the fix (there is no weaker fallback: the
+`unshare` backend, which had no mount namespace, was removed).
 
 The launcher creates the call directories itself, and measures and removes them with coreutils `du`
 and `rm` off the event loop (any depth and path length); nothing it does follows a path the jailed
@@ -411,29 +409,12 @@ def _bwrap(limits: SandboxConfig, workdir: Path, argv: list[str], read_only: tup
 
 
 @lru_cache(maxsize=1)
-def _host_bin_dir() -> str:
-    """For the unshare backend (no mount namespace): a directory of `python`/`python3` links."""
-    path = Path(tempfile.mkdtemp(prefix="bin-", dir=_calls_root()))
-    for name in ("python", "python3"):
-        (path / name).symlink_to(interpreter()[0])
-    path.chmod(0o755)
-    return str(path)
-
-
-def _unshare(limits: SandboxConfig, argv: list[str]) -> list[str]:
-    """util-linux unshare: PID and network namespaces (made as root, or in a user namespace)."""
-    unshare = shutil.which("unshare") or "unshare"
-    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    return [unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", *(["--net"] if limits.isolate_network else []), "--", *argv]
-
-
-@lru_cache(maxsize=1)
 def _bwrap_path() -> str:
     path = shutil.which("bwrap")
     if path is None:
         raise SandboxUnavailable(
-            "env.sandbox.backend=bwrap but bubblewrap is not installed: run scripts/install.sh as root (it installs the "
-            "Debian package `bubblewrap`), or `apt-get install bubblewrap`; or set env.sandbox.backend=unshare (weaker: no mount isolation)"
+            "bubblewrap (bwrap), which jails model-written code, is not installed: run scripts/install.sh as root (it installs the "
+            "Debian package `bubblewrap`), or `apt-get install bubblewrap`"
         )
     return path
 
@@ -441,27 +422,21 @@ def _bwrap_path() -> str:
 @lru_cache(maxsize=4)
 def check_backend(backend: str) -> None:
     """Fail (once) with the reason and the fix when `backend` cannot jail a call here."""
-    if backend == "unshare":
-        logger.warning("env.sandbox.backend=unshare: no mount isolation; jailed code can read world-readable files and shares /tmp")
-        return
     probe = [*_drop_to(65534 if os.geteuid() == 0 else None), _bwrap_path(), "--unshare-all", "--unshare-user", "--disable-userns",
              "--ro-bind", "/", "/", "--proc", "/proc", "--", "true"]
     done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         raise SandboxUnavailable(
             f"bubblewrap cannot create a jail here ({done.stderr.strip()[:300] or f'exit {done.returncode}'}); it needs unprivileged "
-            "user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0); or set env.sandbox.backend=unshare"
+            "user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)"
         )
 
 
 def jail_command(argv: list[str], workdir: Path, limits: SandboxConfig, uid: int | None, read_only: tuple[str, ...] = ()) -> list[str]:
     """The command that runs `argv` in `workdir`, jailed as `uid`, under `limits`; `read_only`
-    paths are also visible (bwrap). Each program execs the next: prlimit sets the limits, setpriv
-    drops to the uid (bwrap then makes its namespaces as that uid; unshare makes them as root
-    first, then drops)."""
-    if limits.backend == "bwrap":
-        return [*_limits(limits, uid), *_drop_to(uid), *_bwrap(limits, workdir, argv, read_only)]
-    return [*_limits(limits, uid), *_unshare(limits, [*_drop_to(uid), *argv])]
+    paths are also visible. Each program execs the next: prlimit sets the limits, setpriv drops to
+    the uid, bwrap then makes its namespaces as that uid."""
+    return [*_limits(limits, uid), *_drop_to(uid), *_bwrap(limits, workdir, argv, read_only)]
 
 
 # ---- running a call ------------------------------------------------------------------------
@@ -541,8 +516,7 @@ def spawn(argv: list[str], workdir: Path, limits: SandboxConfig, uid: int | None
     No preexec_fn: CPython starts the chain by vfork (~1 ms; a fork of the launcher would stall
     the event loop ~30 ms per call)."""
     check_backend(limits.backend)
-    bin_dir = BIN_DIR if limits.backend == "bwrap" else _host_bin_dir()
-    env = {**ENVIRONMENT, "HOME": str(workdir), "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"}
+    env = {**ENVIRONMENT, "HOME": str(workdir), "PATH": f"{BIN_DIR}:/usr/local/bin:/usr/bin:/bin"}
     group = cgroups.create(limits.memory_mb, limits.max_processes)
     command = [*(group.join_command() if group else []), *jail_command(argv, workdir, limits, uid, read_only)]
     try:
