@@ -991,3 +991,12 @@ def test_a_killed_launchers_tmpfs_mounts_are_unmounted_and_swept() -> None:
     sandbox._calls_root()  # sweeps the killed launcher's directory on a thread
     sandbox.sweeper.join(30)
     assert tmpfs.mounts_under(workspace_root.parent) == [] and not workspace_root.parent.exists()
+
+
+def test_a_records_file_nested_too_deeply_is_a_clear_error(tmp_path: Path) -> None:
+    from opd.records.__main__ import check_file
+
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"tokens": [[1]], "masks": [[1]], "scores": [0.0]}\n' + "[" * 200_000 + "]" * 200_000 + "\n")
+    count, problems = check_file(path)
+    assert count == 1 and len(problems) == 1 and "nested too deeply" in problems[0], problems

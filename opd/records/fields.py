@@ -13,6 +13,7 @@ A type is a small value: a Python type, a tuple of alternatives, `ListOf`, `Dict
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
@@ -138,6 +139,10 @@ def _words(kind: Type) -> str:
     return "a list" if isinstance(kind, ListOf) else "an object"
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+
+
 def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A short repr, built without walking a large value whole."""
+    return _SHOWN.repr(value)

@@ -23,9 +23,11 @@ Per call (`env.sandbox.backend: bwrap`):
 A missing or unusable bwrap is an error that names the fix (there is no weaker fallback: the
 `unshare` backend, which had no mount namespace, was removed).
 
-The launcher creates the call directories itself, and measures and removes them with coreutils `du`
-and `rm` off the event loop (any depth and path length); nothing it does follows a path the jailed
-code could have changed (see `opd.tools.workspace` for the file tools).
+The launcher creates the call directories itself; as root each is a tmpfs, counted by statvfs and
+removed by one unmount on a thread, else it measures and removes them with coreutils `du` and `rm`
+off the event loop (any depth and path length); nothing it does follows a path the jailed code
+could have changed (see `opd.tools.workspace` for the file tools). What a call prints is captured
+to files outside the jail, each bounded by the call's file-size limit.
 """
 
 from __future__ import annotations
