@@ -110,6 +110,7 @@ def available() -> bool:
         logger.warning("sandboxed calls get no tmpfs of their own (the launcher is not root): a workspace's quota is checked "
                        "after each call, not while it runs, and neither a call's files nor a python call's directory are bounded")
         return False
+    import contextlib
     import tempfile
 
     probe = Path(tempfile.mkdtemp(prefix="opd-tmpfs-probe-"))
@@ -122,7 +123,8 @@ def available() -> bool:
                        "while it runs, and neither a call's files nor a python call's directory are bounded", err)
         return False
     finally:
-        os.rmdir(probe)
+        with contextlib.suppress(OSError):  # still mounted only if the unmount failed: said above
+            os.rmdir(probe)
 
 
 def _unescape(field: str) -> str:

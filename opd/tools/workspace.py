@@ -3,8 +3,10 @@
 
 A workspace is a directory of its own with a uid of its own (`opd.tools.sandbox`); `terminal`
 runs `bash -c` jailed in it. As root it is a tmpfs of `workspace_mb` and `workspace_files`
-(`opd.tools.tmpfs`): no call and no file tool writes past them, and a call that filled it says so.
-Elsewhere its size is measured after each call, and a call that left too much empties it. The file tools run in the launcher, as root when it is root, so they
+(`opd.tools.tmpfs`): no call and no file tool writes past them, and a call that filled it says so;
+elsewhere its size is measured after each call, and a call that left too much empties it.
+
+The file tools run in the launcher, as root when it is root, so they
 never follow a path the jailed code could have changed: every path is resolved one component at a
 time from the workspace's own descriptor, refusing symlinks (O_NOFOLLOW) and `..`; files open
 non-blocking and anything but a regular file (a FIFO, a socket) is refused, so no call can stall
@@ -232,6 +234,8 @@ def terminal_status(exit_code: int | None, stopped: str | None) -> str:
 
 
 def _why(err: OSError, path: str) -> str:
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the workspace is full (its quota of bytes or files): {path}"
     if err.errno == errno.ELOOP:
         return f"symlinks are not allowed: {path}"
     if err.errno == errno.ENXIO:
