@@ -641,6 +641,17 @@ def test_the_python_tool_never_holds_the_event_loop(capsys: pytest.CaptureFixtur
     _tool_stalls(capsys, "python_interpreter", stalls)
 
 
+@pytest.mark.slow
+def test_the_coding_reward_never_holds_the_event_loop(capsys: pytest.CaptureFixture) -> None:
+    # The math reward's checker has its own ticker test (test_boxed.py::test_a_hostile_answer_*).
+    stalls = Stalls()
+    with workspace(FAST_LIMITS) as (ws, tools):
+        for name, solution in sorted(FORGERIES.items()):
+            call(tools, "write_file", path="solution.py", content=solution)
+            measure(stalls, name, lambda: run_task_tests(ws, TESTS, FAST_LIMITS, 200_000))
+    _tool_stalls(capsys, "coding reward (the task's tests)", stalls)
+
+
 PATHS = st.one_of(st.text(max_size=40), st.lists(st.sampled_from(["a", "..", ".", "", "d", "x" * 300, "\x00", "solution.py"]), max_size=8).map("/".join),
                   st.just("d/" * 2000 + "f"))
 CONTENTS = st.one_of(st.text(max_size=200), st.integers(0, 60_000).map(lambda n: "x" * n), st.just("\n" * 19_999))
