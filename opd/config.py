@@ -223,15 +223,25 @@ class SandboxConfig:
     max_processes: int = MISSING
     max_open_files: int = MISSING
     tmp_mb: int = MISSING
+    tmp_files: int = MISSING
     workspace_mb: int = MISSING
+    workspace_files: int = MISSING
     output_chars: int = MISSING
     isolate_network: bool = MISSING
     uid_base: int = MISSING
 
     def __post_init__(self) -> None:
-        _one_of("env.sandbox.backend", self.backend, ("bwrap", "unshare"))
+        if self.backend == "unshare":
+            # It ran jailed code without a mount namespace: the launcher's file tools could be led
+            # through the code's hard links, and it shared /tmp and /var/tmp with the machine.
+            raise ConfigError("env.sandbox.backend=unshare was removed: it gave jailed code no mount isolation (shared /tmp, the "
+                              "launcher's file tools led through its hard links). Use bwrap (the default; scripts/install.sh installs "
+                              "the Debian package bubblewrap, or `apt-get install bubblewrap`)", "env.sandbox.backend")
+        _one_of("env.sandbox.backend", self.backend, ("bwrap",))
         for key in ("timeout_s", "cpu_s", "memory_mb", "file_size_mb", "max_processes", "output_chars", "tmp_mb", "workspace_mb"):
             _at_least(f"env.sandbox.{key}", getattr(self, key), 1)
+        for key in ("tmp_files", "workspace_files"):  # room for the files the harness and the prompt put there
+            _at_least(f"env.sandbox.{key}", getattr(self, key), 16)
         _at_least("env.sandbox.max_open_files", self.max_open_files, 8)
         _check(1000 <= self.uid_base <= 2**32 - 70_000, "env.sandbox.uid_base", "in [1000, 2^32 - 70000]", self.uid_base)
 

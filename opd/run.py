@@ -130,7 +130,7 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
             # MLflow works in a thread of its own: at once while a server starts here, else once
             # the first requests are sent (begin() below), so that it never delays them.
             starts_server = cfg.server.kind == "local" and not shared
-            tracker = stack.enter_context(open_run(cfg.tracking, out, resolved, yaml_text, run_info(cfg, job, data, asked, started), resumed.run_id,
+            tracker = stack.enter_context(open_run(cfg.tracking, out, resolved, run_info(cfg, job, data, asked, started), resumed.run_id,
                                                    len(resumed.groups), begin=starts_server))
         tracer = build.tracer(cfg, tracker)
         stack.callback(tracer.flush)

@@ -27,7 +27,7 @@ need_apt() {  # need_apt COMMAND PACKAGE ADVICE: install PACKAGE unless COMMAND 
     echo "warning: $2 ($1) is missing and cannot be installed here (needs root and apt-get); $3" >&2
   fi
 }
-need_apt bwrap bubblewrap "install it, or run with env.sandbox.backend=unshare (weaker)"
+need_apt bwrap bubblewrap "install it: model-written code runs only in its jail"
 need_apt chromium chromium "install it to run the viewer's browser tests (skipped without it)"
 need_apt slurmctld slurmctld "install it to run the Slurm sweep tests (skipped without it)"
 need_apt slurmd slurmd "install it to run the Slurm sweep tests (skipped without it)"

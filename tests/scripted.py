@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from opd.serving.vllm_client import Generation, PromptScores
+from opd.serving.vllm_client import ChatReply, Generation, PromptScores
 
 
 class ScriptedClient:
@@ -44,11 +44,12 @@ class ScriptedClient:
         self.scored.append(list(prompt_ids))
         return result
 
-    async def chat(self, messages: list[dict[str, Any]], *, n: int, max_tokens: int, temperature: float, **extra: Any) -> list[str]:
+    async def chat(self, messages: list[dict[str, Any]], *, n: int, max_tokens: int, temperature: float, **extra: Any) -> list[ChatReply]:
+        """The script's answers: a text is a completion that stopped by itself; a ChatReply as given."""
         self.chats.append({"messages": messages, "n": n, "max_tokens": max_tokens, "temperature": temperature, **extra})
         await self._busy()
         assert self._chat is not None, "this scripted client does not chat"
-        return self._chat(messages, n)
+        return [answer if isinstance(answer, ChatReply) else ChatReply(answer, "stop") for answer in self._chat(messages, n)]
 
     async def close(self) -> None:
         pass

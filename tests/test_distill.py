@@ -21,10 +21,15 @@ from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, MASKED_LOGPRO
     [
         ("\\boxed{1}\n[HINT_START] check empty input [HINT_END]", 1, "check empty input"),
         ("ok \\boxed{-1}", -1, ""),
-        ("\\boxed{1} then changed my mind \\boxed{-1}", -1, ""),
+        ("\\boxed{1} then changed my mind \\boxed{-1}", None, ""),  # both decisions in one answer: no vote
+        ("\\boxed{1} and again \\boxed{1} [HINT_START]h[HINT_END]", 1, "h"),
         ("\\boxed{ 1 }", 1, ""),
         ("\\boxed{2}", None, ""),
-        ("no decision [HINT_START]x[HINT_END]", None, "x"),
+        ("no decision [HINT_START]x[HINT_END]", None, ""),
+        ("[HINT_START]before[HINT_END] \\boxed{1} [HINT_START]after[HINT_END]", 1, "after"),  # the hint follows the decision
+        ("\\boxed{1} [HINT_START]one[HINT_END] [HINT_START]two[HINT_END]", 1, ""),  # two hints: neither is the one
+        ("<think>\\boxed{-1} or \\boxed{1}?</think>\\boxed{1} [HINT_START]h[HINT_END]", 1, "h"),  # only the final answer
+        ("<think>\\boxed{1} [HINT_START]h[HINT_END]", None, ""),  # still thinking: never answered
         ("", None, ""),
     ],
 )
@@ -39,12 +44,16 @@ HINT = st.text(alphabet=st.characters(blacklist_characters="\\[]"), max_size=40)
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(VERDICT, NOISE, HINT.map(lambda h: f"[HINT_START]{h}[HINT_END]")), max_size=12))
-def test_parse_vote_takes_the_last_verdict_and_the_last_hint(parts: list[str]) -> None:
+def test_parse_vote_takes_one_decision_and_the_hint_after_it(parts: list[str]) -> None:
     vote = parse_vote("".join(parts))
-    verdicts = [p for p in parts if p.startswith("\\boxed") and p.replace(" ", "") in ("\\boxed{1}", "\\boxed{-1}")]
-    hints = [p[len("[HINT_START]"):-len("[HINT_END]")] for p in parts if p.startswith("[HINT_START]")]
-    assert vote.decision == (int(verdicts[-1].replace(" ", "")[7:-1]) if verdicts else None)
-    assert vote.hint == (hints[-1].strip() if hints else "")
+    verdicts = [int(p.replace(" ", "")[7:-1]) for p in parts if p.startswith("\\boxed") and p.replace(" ", "") in ("\\boxed{1}", "\\boxed{-1}")]
+    assert vote.decision == (verdicts[0] if verdicts and len(set(verdicts)) == 1 else None)
+    if vote.decision is None:
+        assert vote.hint == ""
+        return
+    first = next(i for i, p in enumerate(parts) if p.startswith("\\boxed") and p.replace(" ", "") in ("\\boxed{1}", "\\boxed{-1}"))
+    after = {p[len("[HINT_START]"):-len("[HINT_END]")].strip() for p in parts[first:] if p.startswith("[HINT_START]")}
+    assert vote.hint == (after.pop() if len(after) == 1 else "")
 
 
 @settings(max_examples=300, deadline=None)

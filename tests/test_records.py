@@ -19,6 +19,13 @@ def good_group() -> dict:
         "masks": [[MASK, MASK, 3, 4], [MASK, MASK, 5]],
         "scores": [1.0, -1.0],
         "inference_logprobs": [[MASKED_LOGPROB, MASKED_LOGPROB, -0.1, -2.0], [MASKED_LOGPROB, MASKED_LOGPROB, -0.5]],
+        "overrides": [{"reward_signals": {"correct": 1.0}, "correct": True, "tool_calls": 1, "tool_errors": 0, "finish": "eos", "generated_tokens": 2},
+                      {"reward_signals": {"correct": 0.0}, "correct": False, "tool_calls": 0, "tool_errors": 0, "finish": "eos", "generated_tokens": 1}],
+        "group_overrides": {"item_id": "m-1", "answer": "4", "weight_version": 0},
+        "generation_params": {"temperature": 1.0, "top_p": 1.0},
+        "messages": None,
+        "advantages": None,
+        "ref_logprobs": None,
     }
 
 
@@ -100,12 +107,19 @@ def distill_group() -> dict:
     pad_ids, pad_lps = [DISTILL_PAD_ID] * k, [DISTILL_PAD_LOGPROB] * k
     group["distill_token_ids"] = [[pad_ids, pad_ids, [3, 9, 1], [4, 2, 8]], [pad_ids, pad_ids, pad_ids]]
     group["distill_logprobs"] = [[pad_lps, pad_lps, [-0.1, -1.0, -3.0], [-0.5, -0.6, -2.0]], [pad_lps, pad_lps, pad_lps]]
+    group["messages"] = [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]] * 2
+    turn = {"span": [2, 4], "message_index": 1, "next_state_role": "tool", "votes": [1, -1, None], "votes_failed": 0, "votes_cut_off": 1,
+            "hints_planted": 0, "decision": 1, "hint": "h", "scored": True, "error": None}
+    group["overrides"] = [{"reward_signals": {"correctness": 1.0}, "tests": "pass", "turns": 1, "tools_used": ["terminal"], "tool_errors": 0,
+                           "finish": "answer", "generated_tokens": 2, "opd_turns": [turn], "teacher_logprobs": [None, None, -0.1, -0.5]},
+                          {"reward_signals": {"correctness": 0.0}, "tests": "fail", "turns": 1, "tools_used": [], "tool_errors": 1,
+                           "finish": "answer", "generated_tokens": 1, "opd_turns": [], "teacher_logprobs": [None, None, None]}]
     return group
 
 
 def test_every_rule_is_named_and_the_distill_group_is_valid() -> None:
     names = [rule.name for rule in RULES]
-    assert len(names) == len(set(names)) and {rule.layer for rule in RULES} == {"group", "shape", "value"}
+    assert len(names) == len(set(names)) and {rule.layer for rule in RULES} == {"group", "field", "shape", "value"}
     assert check_group(distill_group()) == [] and is_valid(distill_group())
 
 
@@ -148,6 +162,79 @@ def _number(x) -> bool:
     return type(x) in (int, float)
 
 
+def _count(x) -> bool:
+    return type(x) is int and x >= 0
+
+
+_TURN_TYPES = {
+    "span": lambda v: type(v) is list and len(v) == 2 and all(_count(x) for x in v) and v[0] <= v[1],
+    "message_index": lambda v: v is None or _count(v), "next_state_role": lambda v: type(v) is str,
+    "votes": lambda v: type(v) is list and all(x is None or (type(x) is int and x in (1, -1)) for x in v),
+    "votes_failed": _count, "votes_cut_off": _count, "hints_planted": _count,
+    "decision": lambda v: v is None or (type(v) is int and v in (1, -1)), "hint": lambda v: v is None or type(v) is str,
+    "scored": lambda v: type(v) is bool, "error": lambda v: v is None or type(v) is str,
+}
+_DETAIL_TYPES = {
+    "reward_signals": lambda v: type(v) is dict and all(type(k) is str and _number(x) and math.isfinite(x) for k, x in v.items()),
+    "tool_errors": _count, "generated_tokens": _count, "tool_calls": _count, "turns": _count, "finish": lambda v: type(v) is str,
+    "tests": lambda v: type(v) is str, "correct": lambda v: type(v) is bool, "verify_timed_out": lambda v: type(v) is bool,
+    "tools_used": lambda v: type(v) is list and all(type(x) is str for x in v),
+    "teacher_logprobs": lambda v: type(v) is list and all(x is None or (_number(x) and math.isfinite(x)) for x in v),
+    "opd_turns": lambda v: type(v) is list and all(type(t) is dict and all(type(k) is str for k in t)
+                                                   and all(_TURN_TYPES.get(k, lambda _: True)(x) for k, x in t.items()) for t in v),
+}
+
+
+def reference_fields_valid(group) -> bool:
+    """The field rules written out plainly: the types of the fields the format names, and their lengths."""
+    n, lengths = len(group["tokens"]), [len(t) if isinstance(t, list) else 0 for t in group["tokens"]]
+    details = group.get("overrides")
+    if details is not None:
+        if type(details) is not list or len(details) != n:
+            return False
+        for detail, length in zip(details, lengths):
+            if type(detail) is not dict or not all(type(k) is str for k in detail):
+                return False
+            if not all(_DETAIL_TYPES.get(k, lambda _: True)(v) for k, v in detail.items()):
+                return False
+            if "teacher_logprobs" in detail and len(detail["teacher_logprobs"]) != length:
+                return False
+            if any("span" in t and t["span"][1] > length for t in detail.get("opd_turns", [])):
+                return False
+    extra = group.get("group_overrides")
+    if extra is not None:
+        if type(extra) is not dict or not all(type(k) is str for k in extra):
+            return False
+        checks = {"item_id": lambda v: type(v) in (str, int), "answer": lambda v: type(v) is str or (_number(v) and math.isfinite(v)),
+                  "weight_version": _count, "opd_wall_s": lambda v: _number(v) and math.isfinite(v)}
+        if not all(checks.get(k, lambda _: True)(v) for k, v in extra.items()):
+            return False
+    scalar = lambda v: v is None or type(v) in (str, bool) or (_number(v) and math.isfinite(v))  # noqa: E731
+    params = group.get("generation_params")
+    if params is not None and (type(params) is not dict or not all(type(k) is str and (scalar(v) or (type(v) is list and all(map(scalar, v))))
+                                                                   for k, v in params.items())):
+        return False
+    messages = group.get("messages")
+    if messages is not None:
+        if type(messages) is not list or len(messages) != n:
+            return False
+        for chat in messages:
+            if chat is not None and (type(chat) is not list or not all(
+                    type(m) is dict and all(type(k) is str for k in m) and type(m.get("role", "")) is str
+                    and (m.get("content") is None or type(m.get("content")) is str
+                         or (type(m["content"]) is list and all(type(x) is dict for x in m["content"]))) for m in chat)):
+                return False
+    for key in ("advantages", "ref_logprobs"):
+        rows = group.get(key)
+        if rows is not None:
+            if type(rows) is not list or len(rows) != n:
+                return False
+            for row, length in zip(rows, lengths):
+                if row is not None and (type(row) is not list or len(row) != length or not all(_number(x) and math.isfinite(x) for x in row)):
+                    return False
+    return True
+
+
 def reference_valid(group) -> bool:
     """The record rules written out plainly, position by position (an oracle for the tests)."""
     if not isinstance(group, dict) or not isinstance(group.get("tokens"), list) or not group["tokens"]:
@@ -161,6 +248,8 @@ def reference_valid(group) -> bool:
         return False
     distill = ids is not None or tlps is not None
     if distill and not (isinstance(ids, list) and isinstance(tlps, list) and len(ids) == len(tlps) == n):
+        return False
+    if not reference_fields_valid(group):
         return False
     ks = set()
     for i in range(n):

@@ -63,6 +63,6 @@ def test_a_lone_surrogate_in_an_argument_is_a_malformed_call_not_a_crash(field: 
             arguments = {"path": "a.py", "content": "x = 1"} | {field: bad}
             outcome = asyncio.run(Toolbox(workspace_tools.TOOLS, workspace).run("write_file", arguments))
         finally:
-            workspace.close()
+            asyncio.run(workspace.close())
     assert outcome.status == "malformed" and "not valid Unicode" in (outcome.error or "")
     outcome.as_text().encode("utf-8")

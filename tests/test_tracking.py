@@ -69,7 +69,7 @@ def test_a_run_on_another_sqlite_file_keeps_its_artifacts_beside_it(tmp_path: Pa
     out = tmp_path / "run"
     out.mkdir()
     (out / "groups.jsonl").write_text("{}\n")
-    with open_run(_tracking(f"tracking.uri={uri}"), out, {"a": {"b": 1}}, "a:\n  b: 1\n", _info()) as tracker:
+    with open_run(_tracking(f"tracking.uri={uri}"), out, {"a": {"b": 1}}, _info()) as tracker:
         tracker.log_metrics({"reward/mean": 0.5}, step=1)
         tracker.log_artifact(out / "groups.jsonl", "data")
     client, run = _only_run(uri)
@@ -82,7 +82,7 @@ def test_a_run_on_another_sqlite_file_keeps_its_artifacts_beside_it(tmp_path: Pa
 
 def test_an_explicit_artifact_root_still_wins(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    with open_run(_tracking(f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path / 'chosen'}"), tmp_path, {}, "", _info()):
+    with open_run(_tracking(f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path / 'chosen'}"), tmp_path, {}, _info()):
         pass
     _, run = _only_run(uri)
     assert run.info.artifact_uri.startswith((tmp_path / "chosen").as_uri())
@@ -135,7 +135,7 @@ def test_bad_stores_are_refused_quickly_without_mlflow(tmp_path: Path) -> None:
 
 def test_nothing_is_sent_before_begin_and_everything_after(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, {"x": 1}, "x: 1\n", _info()) as tracker:
+    with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, {"x": 1}, _info()) as tracker:
         for step in range(1, 51):
             tracker.log_metrics({"m": float(step)}, step=step)
         assert tracker._process is None  # the run's requests go first: no MLflow process yet
@@ -160,7 +160,7 @@ def test_the_mlflow_run_keeps_the_runs_own_times_however_late_mlflow_opens_it(tm
                    source={"mlflow.source.name": "/repo/experiments/launch.py", "mlflow.source.type": "LOCAL", "opd.command": "python -m experiments.launch a=1"})
     resolved = {"a": 1, "output_root": str(tmp_path), "output_dir": str(tmp_path / "run")}
     logged = []
-    with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, resolved, "a: 1\n", info) as tracker:
+    with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, resolved, info) as tracker:
         for step in (1, 2):
             tracker.log_metrics({"m": float(step)}, step=step)
             logged.append(time.time())
@@ -209,10 +209,10 @@ def test_resume_does_not_wait_for_a_pid_that_is_no_longer_the_tracking_process(t
 def test_a_failing_block_ends_failed_and_ctrl_c_ends_killed(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with pytest.raises(ValueError):
-        with open_run(_tracking(f"tracking.uri={uri}", "tracking.run_name=failing"), tmp_path, {}, "", _info("failing")):
+        with open_run(_tracking(f"tracking.uri={uri}", "tracking.run_name=failing"), tmp_path, {}, _info("failing")):
             raise ValueError("the run's own error")
     with pytest.raises(KeyboardInterrupt):
-        with open_run(_tracking(f"tracking.uri={uri}", "tracking.run_name=killed"), tmp_path, {}, "", _info("killed")) as tracker:
+        with open_run(_tracking(f"tracking.uri={uri}", "tracking.run_name=killed"), tmp_path, {}, _info("killed")) as tracker:
             tracker.begin()
             raise KeyboardInterrupt
     client = _client(uri)
@@ -227,7 +227,7 @@ def test_a_store_that_fails_after_the_check_fails_the_run(tmp_path: Path, monkey
     client = _client(uri)
     client.delete_experiment(client.create_experiment("tracking_test"))  # runs cannot start in it
     with pytest.raises(ConfigError, match="tracking.uri: cannot open the MLflow store") as info:
-        with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, {}, "", _info(), begin=True) as tracker:
+        with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, {}, _info(), begin=True) as tracker:
             with pytest.raises(ConfigError):
                 tracker.run_id  # noqa: B018 - waits for the opening
             tracker.log_metrics({"m": 1.0}, step=1)  # the next call raises it again
@@ -240,7 +240,7 @@ def test_a_store_that_fails_after_the_check_fails_the_run(tmp_path: Path, monkey
 def test_a_failed_call_fails_the_run_at_its_next_call(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with pytest.raises(TrackingFailed, match="log_artifact"):
-        with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, {}, "", _info(), begin=True) as tracker:
+        with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, {}, _info(), begin=True) as tracker:
             tracker.log_artifact(tmp_path / "no-such-file.txt")
     _, run = _only_run(uri)
     assert run.info.status == "FAILED"
@@ -255,7 +255,7 @@ def test_a_call_after_the_tracking_process_died_fails_at_once(tmp_path: Path) ->
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     (tmp_path / "a.txt").write_text("a")
     with pytest.raises(TrackingFailed):
-        with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, {}, "", _info(), begin=True) as tracker:
+        with open_run(_tracking(f"tracking.uri={uri}"), tmp_path, {}, _info(), begin=True) as tracker:
             tracker.run_id  # opened
             tracker._process.send_signal(signal.SIGKILL)
             tracker._threads[-1].join(timeout=30)  # the reader saw the end
@@ -282,7 +282,7 @@ from opd.tracking.run import RunInfo, open_run
 
 out = Path(sys.argv[1])
 tracking = validate(compose([f"output_dir={out}", f"tracking.uri=sqlite:///{out}/mlflow.db", "tracking.experiment=tracking_test"])).tracking
-with open_run(tracking, out, {"x": 1}, "x: 1\\n", RunInfo("killed", None, None, {}, {}, None), begin=True) as tracker:
+with open_run(tracking, out, {"x": 1}, RunInfo("killed", None, None, {}, {}, None), begin=True) as tracker:
     for step in range(1, 6):
         tracker.log_metrics({"m": float(step)}, step=step)
     time.sleep(0.5)  # the calls are in the pipe, the MLflow process is still importing
@@ -357,7 +357,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
 def test_a_run_on_a_server_uses_the_servers_artifact_store(mlflow_server, tmp_path: Path) -> None:
     url, root = mlflow_server
     (tmp_path / "notes.txt").write_text("kept by the server")
-    with open_run(_tracking(f"tracking.uri={url}", "tracking.experiment=server_store"), tmp_path, {"x": 1}, "x: 1\n", _info()) as tracker:
+    with open_run(_tracking(f"tracking.uri={url}", "tracking.experiment=server_store"), tmp_path, {"x": 1}, _info()) as tracker:
         tracker.log_artifact(tmp_path / "notes.txt", "data")
     client, run = _only_run(url, "server_store")
     assert client.get_experiment(run.info.experiment_id).artifact_location.startswith("mlflow-artifacts:")

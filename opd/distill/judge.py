@@ -1,4 +1,10 @@
-"""The hindsight judge: votes on one turn pair, a decision rule and the choice of hint."""
+"""The hindsight judge: votes on one turn pair, a decision rule and the choice of hint.
+
+A vote counts only when the judge finished it: one cut off at `max_tokens` may stop inside a
+quote, so it is discarded (unparseable) and counted. A vote whose hint repeats text the policy put
+between hint markers in the turn or the state is the policy's verdict, not the judge's: it is
+discarded too (unparseable) and counted.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,16 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from opd.config import JudgeConfig
-from opd.distill.judge_prompt import Vote, judge_messages, parse_vote
+from opd.distill.judge_prompt import Vote, judge_messages, parse_vote, quoted_hints
 from opd.distill.turn_pairs import TurnPair
+from opd.serving.vllm_client import ChatReply
 
 logger = logging.getLogger(__name__)
 
-# (messages, n, max_tokens, temperature) -> the n answer texts; None for a vote whose request failed
-ChatFn = Callable[[list[dict[str, str]], int, int, float], Awaitable[list[str | None]]]
+# (messages, n, max_tokens, temperature) -> the n replies; None for a vote whose request failed
+ChatFn = Callable[[list[dict[str, str]], int, int, float], Awaitable[list[ChatReply | None]]]
+# The finish reason of a reply cut at max_tokens (OpenAI's and vLLM's word).
+CUT_OFF = "length"
 
 
 @dataclass
@@ -22,6 +31,8 @@ class Judgement:
     decision: int | None = None  # 1: use a hint; -1: no hindsight; None: no parseable vote
     hint: str | None = None
     failed: int = 0  # votes whose request failed (each also counts as unparseable, as in the reference)
+    cut_off: int = 0  # votes cut off at max_tokens (each also counts as unparseable)
+    planted: int = 0  # votes discarded because their hint is one the policy wrote between hint markers
 
     @property
     def unparseable(self) -> int:
@@ -52,8 +63,17 @@ def choose_hint(votes: list[Vote], min_chars: int, choice: str) -> str | None:
 async def judge_pair(pair: TurnPair, chat: ChatFn, cfg: JudgeConfig) -> Judgement:
     """Ask for `cfg.votes` verdicts; raises what the server raised."""
     messages = judge_messages(pair.response_text, pair.next_state_text, pair.next_state_role)
-    texts = await chat(messages, cfg.votes, cfg.max_tokens, cfg.temperature)
-    judgement = Judgement(votes=[parse_vote(t or "") for t in texts], failed=sum(t is None for t in texts))
+    replies = await chat(messages, cfg.votes, cfg.max_tokens, cfg.temperature)
+    planted = quoted_hints(pair.response_text) | quoted_hints(pair.next_state_text)
+    judgement = Judgement(failed=sum(r is None for r in replies), cut_off=sum(r is not None and r.finish_reason == CUT_OFF for r in replies))
+    for reply in replies:
+        vote = Vote(None, "") if reply is None or reply.finish_reason == CUT_OFF else parse_vote(reply.text)
+        if vote.hint and vote.hint in planted:  # the policy's verdict, repeated: not a vote of the judge's
+            judgement.planted += 1
+            vote = Vote(None, "")
+        judgement.votes.append(vote)
+    if judgement.cut_off or judgement.planted:
+        logger.debug("judge: %d of %d votes cut off at max_tokens=%d, %d votes with a planted hint discarded", judgement.cut_off, len(replies), cfg.max_tokens, judgement.planted)
     judgement.decision = decide(judgement.votes, cfg.decision_rule)
     if judgement.decision == 1:
         judgement.hint = choose_hint(judgement.votes, cfg.min_hint_chars, cfg.hint_choice)

@@ -9,7 +9,8 @@ Output per sequence (see the README, "OPD fields"):
   positions of hinted, scored turns; elsewhere K pads (`DISTILL_PAD_ID`, `DISTILL_PAD_LOGPROB`).
 - `overrides["teacher_logprobs"]` [pos]: the teacher's logprob of the token the student sampled
   (null without a teacher row); the student's own is `inference_logprobs`.
-- `overrides["opd_turns"]`: per judged turn: span, votes, decision, hint, scored, error.
+- `overrides["opd_turns"]`: per judged turn: span, votes, decision, hint, scored, error, and the
+  votes that failed, were cut off at max_tokens, or held a hint the policy planted (counts).
 """
 
 from __future__ import annotations
@@ -68,10 +69,11 @@ async def judge_and_score(seq_index: int, pair: TurnPair, turn_ids: list[int], *
         async with semaphore:
             judgement = await judge_pair(pair, chat, judge)
     except Exception as err:
-        record.update(votes=[], votes_failed=judge.votes, decision=None, hint=None, scored=False, error=failures.record("judge", err))
+        record.update(votes=[], votes_failed=judge.votes, votes_cut_off=0, hints_planted=0, decision=None, hint=None, scored=False,
+                      error=failures.record("judge", err))
         return JudgedPair(seq_index, pair, record, None)
-    record.update(votes=[v.decision for v in judgement.votes], votes_failed=judgement.failed, decision=judgement.decision, hint=judgement.hint,
-                  scored=False, error=None)
+    record.update(votes=[v.decision for v in judgement.votes], votes_failed=judgement.failed, votes_cut_off=judgement.cut_off,
+                  hints_planted=judgement.planted, decision=judgement.decision, hint=judgement.hint, scored=False, error=None)
     if judgement.hint is None:
         return JudgedPair(seq_index, pair, record, None)
     try:

@@ -24,7 +24,7 @@ from opd.records import MASK
 from opd.rewards import coding as rewards
 from opd.rewards.rubric import Rubric, Scored
 from opd.serving.pool import ServerPool
-from opd.serving.vllm_client import PromptScores, ServerRequestError
+from opd.serving.vllm_client import ChatReply, PromptScores, ServerRequestError
 from opd.tools import workspace as workspace_tools
 from opd.tools.registry import Toolbox
 from opd.tools.workspace import Workspace
@@ -68,16 +68,16 @@ class OPDCodingEnv(OPDBaseEnv):
         with self.tracer.span("teacher scoring", "LLM", {"tokens": len(input_ids), "top_k": top_k}):
             return await self.server.score(input_ids, top_k, rows_from)
 
-    async def judge_chat(self, messages: list[dict[str, str]], n: int, max_tokens: int, temperature: float) -> list[str | None]:
-        """`n` vote texts; None for a vote whose request failed. Raises only when every vote failed."""
+    async def judge_chat(self, messages: list[dict[str, str]], n: int, max_tokens: int, temperature: float) -> list[ChatReply | None]:
+        """`n` vote replies; None for a vote whose request failed. Raises only when every vote failed."""
         # The policy judging itself gets the preset's template arguments (thinking on or off).
         extra = {"chat_template_kwargs": dict(self.chat_format.template_kwargs)} if self.judge_pool is self.server and self.chat_format.template_kwargs else {}
 
-        async def one(count: int) -> list[str | None]:
+        async def one(count: int) -> list[ChatReply | None]:
             with self.tracer.span("judge", "LLM", {"messages": messages, "votes": count}) as span:
-                texts = await self.judge_pool.chat(messages, n=count, max_tokens=max_tokens, temperature=temperature, **extra)
-                span.outputs(texts)
-            return texts
+                replies = await self.judge_pool.chat(messages, n=count, max_tokens=max_tokens, temperature=temperature, **extra)
+                span.outputs([{"text": r.text, "finish_reason": r.finish_reason} for r in replies])
+            return list(replies)
 
         if self.judge_cfg.votes_in_one_request:
             try:
@@ -218,6 +218,10 @@ def opd_metrics(group: dict[str, Any]) -> dict[str, float]:
         "opd/votes_unparseable": float(sum(v is None for t in records for v in t["votes"])),
         # Votes whose request failed after the pool's retries (a failed judging counts all its votes).
         "opd/votes_failed": float(sum(t.get("votes_failed", 0) for t in records)),
+        # Votes cut off at judge.max_tokens (discarded: they may stop inside a quote).
+        "opd/votes_cut_off": float(sum(t.get("votes_cut_off", 0) for t in records)),
+        # Votes discarded because their hint is one the policy wrote between hint markers in the turn or the state.
+        "opd/hints_planted": float(sum(t.get("hints_planted", 0) for t in records)),
         # The reference's hint rate: the fraction of rollouts with at least one hint.
         "opd/hint_rate": sum(any(t["hint"] for t in d["opd_turns"]) for d in group["overrides"]) / n,
         # Hinted pairs per judged pair (this project's earlier opd/hint_rate).

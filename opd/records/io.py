@@ -98,9 +98,12 @@ def read_groups(path: Path) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                group = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{number}: not a JSON line ({err.msg})") from None
+            except RecursionError:  # a hostile file: JSON nested deeper than the parser goes
+                raise ValueError(f"{path}:{number}: JSON nested too deeply to read") from None
+            yield group
 
 
 def recover(path: Path) -> list[dict[str, Any]]:
@@ -120,7 +123,7 @@ def recover(path: Path) -> list[dict[str, Any]]:
         if line.strip():
             try:
                 group = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 break
             if not isinstance(group, dict) or not is_valid(group):
                 break

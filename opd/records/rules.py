@@ -1,7 +1,9 @@
 """The rules every group must satisfy, written once as a list of named checks.
 
-Three layers, each run only when the one before holds:
+Layers, each run only when the one before holds:
 - group rules: the fields are lists with one entry per sequence;
+- field rules: every other field the format names has its type (`opd.records.fields`) and lines
+  up with the sequences and their tokens (checked beside the next two layers, not before them);
 - shape rules (per sequence): the rows convert to numeric arrays of matching shapes;
 - value rules (per sequence, vectorised): masks, logprobs and teacher rows are consistent.
 
@@ -19,6 +21,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from opd.records import fields
 from opd.records.format import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, MASKED_LOGPROB
 
 
@@ -112,6 +115,43 @@ def distill_k_is_the_same_everywhere(group: dict[str, Any]) -> str | None:
     firsts = [seq[0] for seq in group.get("distill_token_ids") or [] if isinstance(seq, list) and seq and isinstance(seq[0], list)]
     ks = sorted({len(row) for row in firsts})
     return None if len(ks) <= 1 else f"distill rows have different K in different sequences ({ks})"
+
+
+# ---- field rules (the group; the first broken one stops this layer only) ---------------------
+
+
+@rule("field")
+def fields_have_their_types(group: dict[str, Any]) -> str | None:
+    for key, kind in fields.GROUP.fields.items():
+        if key in group and (problem := fields.problem(group[key], kind, key)):
+            return problem
+    return None
+
+
+@rule("field")
+def details_line_up_with_sequences(group: dict[str, Any]) -> str | None:
+    """Per-sequence fields have one entry per sequence; per-token ones one per token; judged
+    turns' spans lie within their sequence."""
+    n = len(group["tokens"])
+    for key in ("overrides", "messages", "advantages", "ref_logprobs"):
+        value = group.get(key)
+        if value is not None and len(value) != n:
+            return f"{key} must have one entry per sequence ({n}), not {len(value)}"
+    for i, detail in enumerate(group.get("overrides") or []):
+        tokens = group["tokens"][i]
+        length = len(tokens) if isinstance(tokens, list) else 0
+        teacher = detail.get("teacher_logprobs")
+        if teacher is not None and len(teacher) != length:
+            return f"overrides[{i}].teacher_logprobs has {len(teacher)} entries for {length} tokens"
+        for j, turn in enumerate(detail.get("opd_turns") or []):
+            if "span" in turn and turn["span"][1] > length:
+                return f"overrides[{i}].opd_turns[{j}].span {turn['span']} ends past the sequence's {length} tokens"
+    for key in ("advantages", "ref_logprobs"):
+        for i, row in enumerate(group.get(key) or []):
+            tokens = group["tokens"][i]
+            if row is not None and isinstance(tokens, list) and len(row) != len(tokens):
+                return f"{key}[{i}] has {len(row)} entries for {len(tokens)} tokens"
+    return None
 
 
 # ---- shape rules (per sequence; each may fill the view) ------------------------------------
@@ -273,6 +313,10 @@ def _problems(group: dict[str, Any]) -> Iterator[str]:
         if r.layer == "group" and (problem := r.check(group)):
             yield problem
             return
+    for r in RULES:
+        if r.layer == "field" and (problem := r.check(group)):
+            yield problem
+            break
     fields = [f for f in _SEQUENCE_FIELDS if group.get(f) is not None]
     for i, score in enumerate(group["scores"]):
         view = SequenceView(i, score, {f: group[f][i] for f in fields})

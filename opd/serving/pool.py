@@ -19,7 +19,7 @@ import time
 from collections import deque
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
-from opd.serving.vllm_client import Generation, PromptScores, ServerRequestError
+from opd.serving.vllm_client import ChatReply, Generation, PromptScores, ServerRequestError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -36,7 +36,7 @@ class InferenceClient(Protocol):
 
     async def score(self, prompt_ids: list[int], top_k: int, rows_from: int = 0) -> PromptScores: ...
 
-    async def chat(self, messages: list[dict[str, Any]], *, n: int, max_tokens: int, temperature: float, **extra: Any) -> list[str]: ...
+    async def chat(self, messages: list[dict[str, Any]], *, n: int, max_tokens: int, temperature: float, **extra: Any) -> list[ChatReply]: ...
 
     async def close(self) -> None: ...
 
@@ -135,7 +135,7 @@ class ServerPool:
     async def score(self, prompt_ids: list[int], top_k: int, rows_from: int = 0) -> PromptScores:
         return await self.call(lambda client: client.score(prompt_ids, top_k, rows_from))
 
-    async def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[str]:
+    async def chat(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[ChatReply]:
         return await self.call(lambda client: client.chat(messages, **kwargs))
 
     async def close(self) -> None:

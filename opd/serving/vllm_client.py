@@ -48,6 +48,14 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class ChatReply:
+    """One chat completion: its text and why it ended (`stop`; `length` when cut at max_tokens)."""
+
+    text: str
+    finish_reason: str
+
+
+@dataclass(frozen=True)
 class PromptScores:
     """Per prompt position: the top-K ids and logprobs (sorted) and the actual token's logprob.
 
@@ -96,6 +104,7 @@ class _Message(msgspec.Struct):
 class _ChatChoice(msgspec.Struct):
     message: _Message
     index: int = 0
+    finish_reason: str | None = None
 
 
 class _ChatAnswer(msgspec.Struct):
@@ -249,8 +258,8 @@ class VLLMClient:
         top_ids, top_lps, actual = normalise_topk_rows(list(prompt_ids[skipped:]), rows[skipped:], top_k)
         return PromptScores([[] for _ in range(skipped)] + top_ids, [[] for _ in range(skipped)] + top_lps, [None] * skipped + actual)
 
-    async def chat(self, messages: list[dict[str, Any]], *, n: int, max_tokens: int, temperature: float, **extra: Any) -> list[str]:
-        """The texts of `n` chat completions (`extra`: more request fields, e.g. chat_template_kwargs)."""
+    async def chat(self, messages: list[dict[str, Any]], *, n: int, max_tokens: int, temperature: float, **extra: Any) -> list[ChatReply]:
+        """`n` chat completions, in order (`extra`: more request fields, e.g. chat_template_kwargs)."""
         payload = {"model": self.model, "messages": messages, "n": n, "max_tokens": max_tokens, "temperature": temperature, **extra}
         answer: _ChatAnswer = await self._post("/chat/completions", payload, _ChatAnswer)
-        return [choice.message.content or "" for choice in sorted(answer.choices, key=lambda c: c.index)]
+        return [ChatReply(choice.message.content or "", choice.finish_reason or "unknown") for choice in sorted(answer.choices, key=lambda c: c.index)]

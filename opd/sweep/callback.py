@@ -107,6 +107,7 @@ class SweepCallback(Callback):
 
         from opd.run import model_label
         from opd.tracking.run import ensure_experiment, run_title, source_tags, system_tags
+        from opd.tracking.secrets import mask_overrides
         from opd.tracking.store import absolute_tracking_uri, artifact_location, check_store
 
         check_store(typed.tracking.uri, typed.tracking.artifact_root)  # a bad store: one line, before any job
@@ -120,7 +121,7 @@ class SweepCallback(Callback):
             **source_tags(sys.argv),
             "opd.sweep_dir": state.sweep_dir,
             "opd.swept": ",".join(state.swept),
-            "opd.overrides": " ".join(overrides)[:5000],
+            "opd.overrides": " ".join(mask_overrides(overrides))[:5000],
             "opd.launcher_pid": str(os.getpid()),
             **({"opd.jobs_planned": str(state.jobs)} if state.jobs is not None else {}),
         }))

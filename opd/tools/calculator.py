@@ -5,6 +5,11 @@ access, calls to anything but a few `math` functions, names, comprehensions and 
 rejected before anything runs. Size limits bound the work: the source length, the number of AST
 nodes, exponents and the magnitude of every intermediate result (so `9**9**9` is refused
 instantly instead of blocking the event loop).
+
+It runs on the event loop, so every operation's cost is bounded before it runs: operands never
+exceed `max_magnitude`, `**` is refused when its result would, and the arguments that make a
+function's work grow with their value (not their size) are capped: `factorial`, `comb`, `perm`,
+and `round`'s digits (`round(1, -10**7)` computes 10^(10^7)).
 """
 
 from __future__ import annotations
@@ -53,8 +58,12 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
 }
 _FUNCTIONS.update({"abs": abs, "round": round, "min": min, "max": max})
 _CONSTANTS: dict[str, float] = {"pi": math.pi, "e": math.e, "tau": math.tau}
-# Arguments above which these functions do unbounded work.
-_ARGUMENT_CAPS: dict[str, int] = {"factorial": 170, "comb": 10_000, "perm": 10_000}
+# Arguments above which these functions do unbounded work: (cap, which arguments; None: all).
+_ARGUMENT_CAPS: dict[str, tuple[int, slice]] = {
+    "factorial": (170, slice(None)), "comb": (10_000, slice(None)), "perm": (10_000, slice(None)),
+    # round(x, n) with n < 0 computes 10**-n; past 400 digits every number up to 1e100 rounds to 0.
+    "round": (400, slice(1, None)),
+}
 
 
 def evaluate(expression: str, limits: CalculatorLimits = CalculatorLimits()) -> int | float:
@@ -119,9 +128,9 @@ class _Evaluator:
             func = _dotted_name(node.func)
             if func in _FUNCTIONS:
                 args = [self.visit(arg) for arg in node.args]
-                cap = _ARGUMENT_CAPS.get(func)
-                if cap is not None and any(abs(a) > cap for a in args):
-                    raise CalculatorError(f"{func} argument above {cap}")
+                cap, which = _ARGUMENT_CAPS.get(func, (None, slice(0)))
+                if cap is not None and any(abs(a) > cap for a in args[which]):
+                    raise CalculatorError(f"{func} argument above {cap}" if which == slice(None) else f"{func}'s digits above {cap}")
                 return _FUNCTIONS[func](*args)
             raise CalculatorError(f"function not allowed: {func or ast.dump(node.func)[:40]}")
         raise CalculatorError(f"not allowed in an arithmetic expression: {type(node).__name__}")

@@ -2,10 +2,13 @@
 
 Per call (`env.sandbox.backend: bwrap`):
 - its own mount namespace: the interpreter and the system's libraries read-only, the call's own
-  directory the only writable place on disk, a private `/tmp` and a size-capped `/dev/shm`
-  (`tmp_mb` each, RAM-backed, gone with the call), its own `/proc` (a new PID namespace: it sees
-  only its own processes), no network (a new network namespace), no new user namespaces, a new
-  session, and it dies with its parent;
+  directory the only writable place on disk, a private `/tmp` and `/dev/shm` (RAM-backed, gone
+  with the call), its own `/proc` (a new PID namespace: it sees only its own processes), no network
+  (a new network namespace), no new user namespaces, a new session, and it dies with its parent;
+- as root, every place it can write is a tmpfs capped in bytes and in files (`opd.tools.tmpfs`):
+  the workspace (`workspace_mb`, `workspace_files`), and per call its /tmp and /dev/shm together,
+  with a python call's or the reward's directory (`tmp_mb`, `tmp_files`); a write past the cap
+  fails as it happens (ENOSPC), and the result says which place is full;
 - when the launcher runs as root, a uid of its own (`uid_base` onwards, leased per workspace or
   per python call, never shared by two at once, also across launchers on one machine), so even a
   bind that leaked would not let one rollout read or write another's files or signal its
@@ -17,14 +20,14 @@ Per call (`env.sandbox.backend: bwrap`):
 - output captured to files outside the jail and cut to `output_chars`; the error says in words
   which limit stopped the call (CPU seconds, memory, file size, wall clock, a signal).
 
-Where bwrap cannot be used, `backend: unshare` runs the same limits and uid scheme with util-linux
-`unshare` (PID and network namespaces, no mount isolation: the code can read world-readable files
-and shares /tmp); it says so with a warning. A missing or unusable bwrap with `backend: bwrap` is
-an error that names the fix.
+A missing or unusable bwrap is an error that names the fix (there is no weaker fallback: the
+`unshare` backend, which had no mount namespace, was removed).
 
-The launcher creates the call directories itself, and measures and removes them with coreutils `du`
-and `rm` off the event loop (any depth and path length); nothing it does follows a path the jailed
-code could have changed (see `opd.tools.workspace` for the file tools).
+The launcher creates the call directories itself; as root each is a tmpfs, counted by statvfs and
+removed by one unmount on a thread, else it measures and removes them with coreutils `du` and `rm`
+off the event loop (any depth and path length); nothing it does follows a path the jailed code
+could have changed (see `opd.tools.workspace` for the file tools). What a call prints is captured
+to files outside the jail, each bounded by the call's file-size limit.
 """
 
 from __future__ import annotations
@@ -45,13 +48,13 @@ import tempfile
 import textwrap
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from opd.config import SandboxConfig
-from opd.tools import cgroups
+from opd.tools import cgroups, tmpfs
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +88,8 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """What a jailed call produced; `error` is None only for a clean exit with code 0."""
+    """What a jailed call produced; `error` is None only for a clean exit with code 0 that filled
+    none of its quotas."""
 
     stdout: str
     stderr: str
@@ -240,9 +244,22 @@ def _sweep(stale: list[Path]) -> None:
         remove_now(path)
 
 
-def make_call_dir(prefix: str, uid: int | None) -> Path:
-    """A fresh directory for a workspace or a call, owned by `uid`, private to it."""
+# Call directories that are tmpfs mount points (`make_call_dir` with a quota, as root).
+_MOUNTED: set[Path] = set()
+
+
+def make_call_dir(prefix: str, uid: int | None, quota: tmpfs.Quota | None = None) -> Path:
+    """A fresh directory for a workspace or a call, owned by `uid`, private to it; with `quota`,
+    where the launcher may mount (`tmpfs.available`), a tmpfs of that size and number of files."""
     path = Path(tempfile.mkdtemp(prefix=prefix, dir=_calls_root()))
+    if quota is not None and tmpfs.available():
+        try:
+            tmpfs.mount(path, quota, uid)
+        except OSError:
+            os.rmdir(path)
+            raise
+        _MOUNTED.add(path)
+        return path
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         if uid is not None:
@@ -251,6 +268,43 @@ def make_call_dir(prefix: str, uid: int | None) -> Path:
     finally:
         os.close(fd)
     return path
+
+
+def is_tmpfs(path: Path) -> bool:
+    """Is `path` a call directory with a tmpfs (and so a quota the kernel holds) of its own?"""
+    return path in _MOUNTED
+
+
+@dataclass(frozen=True)
+class CallArea:
+    """Where one jailed call writes: `work` (its directory) and, when `tmpfs` is set, the /tmp and
+    /dev/shm it binds from that tmpfs (`scratch`/tmp, `scratch`/shm; else bwrap's own of tmp_mb)."""
+
+    work: Path
+    scratch: Path | None = None
+
+
+def call_area(prefix: str, uid: int | None, limits: SandboxConfig) -> tuple[Path, CallArea]:
+    """A call directory of its own (a tmpfs of `tmp_mb` and `tmp_files` where possible) holding
+    the call's directory and its /tmp and /dev/shm, all owned by `uid`: (the directory to remove
+    afterwards, the area to run in)."""
+    root = make_call_dir(prefix, uid, tmpfs.Quota(limits.tmp_mb, limits.tmp_files))
+    if not is_tmpfs(root):
+        return root, CallArea(root)
+    try:
+        _jail_dirs(root, ("work", "tmp", "shm"), uid)
+    except BaseException:
+        remove_now(root)
+        raise
+    return root, CallArea(root / "work", root)
+
+
+def _jail_dirs(root: Path, names: tuple[str, ...], uid: int | None) -> None:
+    """Make the directories `names` in a fresh call directory, owned by `uid`, private to it."""
+    for name in names:
+        os.mkdir(root / name, 0o700)
+        if uid is not None:
+            os.chown(root / name, uid, uid, follow_symlinks=False)
 
 
 def scratch_dir(prefix: str) -> Path:
@@ -293,7 +347,16 @@ def _removal_failed(path: Path, code: int, stderr: str) -> None:
 
 async def remove_call_dir(path: Path) -> None:
     """Remove a call directory, whatever it holds, without blocking the event loop. A failure is
-    logged, never raised: the caller goes on (and frees its uid)."""
+    logged, never raised: the caller goes on (and frees its uid). A tmpfs is unmounted (at once,
+    whatever it holds; its memory is freed on a thread)."""
+    if path in _MOUNTED:
+        _MOUNTED.discard(path)
+        try:
+            await asyncio.to_thread(tmpfs.unmount, path)
+            os.rmdir(path)
+            return
+        except OSError as err:
+            logger.error("could not unmount %s: %s", path, err)
     try:
         code, _, stderr = await _finished(_rm(path))
     except OSError as err:  # rm could not start (no processes left, no memory)
@@ -303,8 +366,13 @@ async def remove_call_dir(path: Path) -> None:
 
 
 def remove_now(path: Path) -> bool:
-    """`remove_call_dir` for where no event loop runs (the sweep's thread, exit); False (logged)
-    when it failed."""
+    """`remove_call_dir` for where no event loop runs (the sweep's thread, exit): every tmpfs
+    under `path` unmounted, then the rest removed; False (logged) when it failed."""
+    try:
+        tmpfs.unmount_all_under(path)
+    except OSError as err:  # no /proc/self/mountinfo: rm then says what it could not remove
+        logger.error("could not list the mounts under %s: %s", path, err)
+    _MOUNTED.difference_update([p for p in _MOUNTED if p == path or path in p.parents])
     try:
         done = subprocess.run(_rm(path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, close_fds=True)
     except OSError as err:
@@ -392,39 +460,25 @@ def _drop_to(uid: int | None) -> list[str]:
     return [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs", "--"]
 
 
-def _bwrap(limits: SandboxConfig, workdir: Path, argv: list[str], read_only: tuple[str, ...]) -> list[str]:
+def _bwrap(limits: SandboxConfig, area: CallArea, argv: list[str], read_only: tuple[str, ...]) -> list[str]:
     """bwrap, run as the leased uid: new user, mount, PID, network, IPC, UTS and cgroup namespaces."""
     python, needed = interpreter()
     binds = [arg for path in (*needed, *read_only) for arg in ("--ro-bind", path, path)]
     # `python` and `python3` mean the jail's interpreter (first on PATH).
     links = ["--dir", BIN_DIR, "--symlink", python, f"{BIN_DIR}/python", "--symlink", python, f"{BIN_DIR}/python3"]
+    if area.scratch is not None:  # from the call's own capped tmpfs
+        scratch = ["--bind", str(area.scratch / "tmp"), "/tmp", "--bind", str(area.scratch / "shm"), "/dev/shm"]
+    else:
+        scratch = ["--size", str(limits.tmp_mb * MIB), "--tmpfs", "/tmp", "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/dev/shm"]
+    work = str(area.work)
     return [
         _bwrap_path(), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
         *(["--share-net"] if not limits.isolate_network else []),
         *_system_binds(), *binds, *links,
-        "--proc", "/proc", "--dev", "/dev",
-        "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/tmp",
-        "--size", str(limits.tmp_mb * MIB), "--tmpfs", "/dev/shm",
-        "--bind", str(workdir), str(workdir), "--chdir", str(workdir),
+        "--proc", "/proc", "--dev", "/dev", *scratch,
+        "--bind", work, work, "--chdir", work,
         "--", *argv,
     ]
-
-
-@lru_cache(maxsize=1)
-def _host_bin_dir() -> str:
-    """For the unshare backend (no mount namespace): a directory of `python`/`python3` links."""
-    path = Path(tempfile.mkdtemp(prefix="bin-", dir=_calls_root()))
-    for name in ("python", "python3"):
-        (path / name).symlink_to(interpreter()[0])
-    path.chmod(0o755)
-    return str(path)
-
-
-def _unshare(limits: SandboxConfig, argv: list[str]) -> list[str]:
-    """util-linux unshare: PID and network namespaces (made as root, or in a user namespace)."""
-    unshare = shutil.which("unshare") or "unshare"
-    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    return [unshare, *user, "--pid", "--fork", "--kill-child", "--mount-proc", *(["--net"] if limits.isolate_network else []), "--", *argv]
 
 
 @lru_cache(maxsize=1)
@@ -432,8 +486,8 @@ def _bwrap_path() -> str:
     path = shutil.which("bwrap")
     if path is None:
         raise SandboxUnavailable(
-            "env.sandbox.backend=bwrap but bubblewrap is not installed: run scripts/install.sh as root (it installs the "
-            "Debian package `bubblewrap`), or `apt-get install bubblewrap`; or set env.sandbox.backend=unshare (weaker: no mount isolation)"
+            "bubblewrap (bwrap), which jails model-written code, is not installed: run scripts/install.sh as root (it installs the "
+            "Debian package `bubblewrap`), or `apt-get install bubblewrap`"
         )
     return path
 
@@ -441,27 +495,21 @@ def _bwrap_path() -> str:
 @lru_cache(maxsize=4)
 def check_backend(backend: str) -> None:
     """Fail (once) with the reason and the fix when `backend` cannot jail a call here."""
-    if backend == "unshare":
-        logger.warning("env.sandbox.backend=unshare: no mount isolation; jailed code can read world-readable files and shares /tmp")
-        return
     probe = [*_drop_to(65534 if os.geteuid() == 0 else None), _bwrap_path(), "--unshare-all", "--unshare-user", "--disable-userns",
              "--ro-bind", "/", "/", "--proc", "/proc", "--", "true"]
     done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         raise SandboxUnavailable(
             f"bubblewrap cannot create a jail here ({done.stderr.strip()[:300] or f'exit {done.returncode}'}); it needs unprivileged "
-            "user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0); or set env.sandbox.backend=unshare"
+            "user namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)"
         )
 
 
-def jail_command(argv: list[str], workdir: Path, limits: SandboxConfig, uid: int | None, read_only: tuple[str, ...] = ()) -> list[str]:
-    """The command that runs `argv` in `workdir`, jailed as `uid`, under `limits`; `read_only`
-    paths are also visible (bwrap). Each program execs the next: prlimit sets the limits, setpriv
-    drops to the uid (bwrap then makes its namespaces as that uid; unshare makes them as root
-    first, then drops)."""
-    if limits.backend == "bwrap":
-        return [*_limits(limits, uid), *_drop_to(uid), *_bwrap(limits, workdir, argv, read_only)]
-    return [*_limits(limits, uid), *_unshare(limits, [*_drop_to(uid), *argv])]
+def jail_command(argv: list[str], area: CallArea, limits: SandboxConfig, uid: int | None, read_only: tuple[str, ...] = ()) -> list[str]:
+    """The command that runs `argv` in `area`, jailed as `uid`, under `limits`; `read_only`
+    paths are also visible. Each program execs the next: prlimit sets the limits, setpriv drops to
+    the uid, bwrap then makes its namespaces as that uid."""
+    return [*_limits(limits, uid), *_drop_to(uid), *_bwrap(limits, area, argv, read_only)]
 
 
 # ---- running a call ------------------------------------------------------------------------
@@ -535,16 +583,15 @@ ENVIRONMENT = {"TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
                "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def spawn(argv: list[str], workdir: Path, limits: SandboxConfig, uid: int | None, stdout: Any, stderr: Any,
+def spawn(argv: list[str], area: CallArea, limits: SandboxConfig, uid: int | None, stdout: Any, stderr: Any,
           pass_fds: tuple[int, ...] = (), read_only: tuple[str, ...] = ()) -> subprocess.Popen:
     """Start `argv` jailed (see `jail_command`) with a scrubbed environment, in a new process group.
     No preexec_fn: CPython starts the chain by vfork (~1 ms; a fork of the launcher would stall
     the event loop ~30 ms per call)."""
     check_backend(limits.backend)
-    bin_dir = BIN_DIR if limits.backend == "bwrap" else _host_bin_dir()
-    env = {**ENVIRONMENT, "HOME": str(workdir), "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"}
+    env = {**ENVIRONMENT, "HOME": str(area.work), "PATH": f"{BIN_DIR}:/usr/local/bin:/usr/bin:/bin"}
     group = cgroups.create(limits.memory_mb, limits.max_processes)
-    command = [*(group.join_command() if group else []), *jail_command(argv, workdir, limits, uid, read_only)]
+    command = [*(group.join_command() if group else []), *jail_command(argv, area, limits, uid, read_only)]
     try:
         proc = subprocess.Popen(command, cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, close_fds=True,
                                 pass_fds=pass_fds, start_new_session=True)
@@ -602,14 +649,14 @@ def _wait_until_gone(uid: int, timeout_s: float) -> None:
         time.sleep(0.02)
 
 
-async def run_command(argv: list[str], workdir: Path, limits: SandboxConfig, uid: int | None) -> SandboxResult:
-    """Run `argv` jailed in `workdir` as `uid` under `limits`, its output captured. Never raises for
+async def run_jailed(argv: list[str], area: CallArea, limits: SandboxConfig, uid: int | None) -> SandboxResult:
+    """Run `argv` jailed in `area` as `uid` under `limits`, its output captured. Never raises for
     anything the command does; every process it started is gone when this returns."""
     started = time.monotonic()
     capture = scratch_dir("capture-")
     try:
         with open(capture / "out", "wb") as out, open(capture / "err", "wb") as err:
-            proc = spawn(argv, workdir, limits, uid, out, err)
+            proc = spawn(argv, area, limits, uid, out, err)
         timed_out = False
         try:
             await asyncio.wait_for(exited(proc), timeout=limits.timeout_s)
@@ -626,18 +673,43 @@ async def run_command(argv: list[str], workdir: Path, limits: SandboxConfig, uid
     return SandboxResult(stdout, stderr, None if timed_out else code, timed_out, _stopped_by(code, timed_out, stderr, limits), time.monotonic() - started)
 
 
+def _noting_full(result: SandboxResult, root: Path, limits: SandboxConfig, what: str) -> SandboxResult:
+    """`result` with `<what> full (...)` added to its error when the call's tmpfs at `root` is full."""
+    words = tmpfs.full_words(root, tmpfs.Quota(limits.tmp_mb, limits.tmp_files), what) if is_tmpfs(root) else None
+    return result if words is None else replace(result, error=f"{result.error or 'exited with code 0'}; {words}")
+
+
+async def run_command(argv: list[str], workdir: Path, limits: SandboxConfig, uid: int | None) -> SandboxResult:
+    """Run `argv` jailed in `workdir` (a workspace) as `uid` under `limits` (`run_jailed`); its
+    /tmp and /dev/shm are a tmpfs of the call's own where the launcher may mount one."""
+    if not tmpfs.available():
+        return await run_jailed(argv, CallArea(workdir), limits, uid)
+    root = make_call_dir("tmp-", uid, tmpfs.Quota(limits.tmp_mb, limits.tmp_files))
+    try:
+        _jail_dirs(root, ("tmp", "shm"), uid)
+        result = await run_jailed(argv, CallArea(workdir, root), limits, uid)
+        return _noting_full(result, root, limits, "its /tmp and /dev/shm are")
+    finally:
+        await remove_call_dir(root)
+
+
 async def run_python(code: str, limits: SandboxConfig) -> SandboxResult:
     """Run `code` jailed in a fresh directory with a uid of its own (both gone afterwards)."""
     lease = UidLease.take(limits.uid_base)
-    workdir = make_call_dir("python-", lease.uid)
     try:
-        snippet = workdir / "snippet.py"
+        root, area = call_area("python-", lease.uid, limits)
+    except BaseException:
+        lease.release()
+        raise
+    try:
+        snippet = area.work / "snippet.py"
         fd = os.open(snippet, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(code)
-        return await run_command([interpreter()[0], "-I", "-c", _RUNNER, str(snippet)], workdir, limits, lease.uid)
+        result = await run_jailed([interpreter()[0], "-I", "-c", _RUNNER, str(snippet)], area, limits, lease.uid)
+        return _noting_full(result, root, limits, "its directory, /tmp and /dev/shm are")
     finally:
         try:
-            await remove_call_dir(workdir)
+            await remove_call_dir(root)
         finally:
             lease.release()

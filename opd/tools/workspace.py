@@ -2,7 +2,11 @@
 (`TOOLS`, run against a `Workspace` bound in a `Toolbox`).
 
 A workspace is a directory of its own with a uid of its own (`opd.tools.sandbox`); `terminal`
-runs `bash -c` jailed in it. The file tools run in the launcher, as root when it is root, so they
+runs `bash -c` jailed in it. As root it is a tmpfs of `workspace_mb` and `workspace_files`
+(`opd.tools.tmpfs`): no call and no file tool writes past them, and a call that filled it says so;
+elsewhere its size is measured after each call, and a call that left too much empties it.
+
+The file tools run in the launcher, as root when it is root, so they
 never follow a path the jailed code could have changed: every path is resolved one component at a
 time from the workspace's own descriptor, refusing symlinks (O_NOFOLLOW) and `..`; files open
 non-blocking and anything but a regular file (a FIFO, a socket) is refused, so no call can stall
@@ -17,16 +21,22 @@ import errno
 import logging
 import math
 import os
+import re
 import stat
 from pathlib import PurePosixPath
 
 from opd.config import SandboxConfig
 from opd.tools.registry import Tool, ToolError
-from opd.tools.sandbox import UidLease, disk_usage, make_call_dir, remove_call_dir, run_command
+from opd.tools import tmpfs
+from opd.tools.sandbox import UidLease, disk_usage, is_tmpfs, make_call_dir, remove_call_dir, run_command
 
 logger = logging.getLogger(__name__)
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# The deepest path and the longest path the file tools take: they walk (and make) one directory
+# per component on the event loop, so a path thousands deep would hold it for a second.
+MAX_PATH_PARTS = 32
+MAX_PATH_CHARS = 4096
 
 
 class Workspace:
@@ -36,9 +46,14 @@ class Workspace:
         self.limits = limits
         self.max_file_chars = max_file_chars
         self.lease = UidLease.take(limits.uid_base)
-        self.root = make_call_dir("rollout-", self.lease.uid)
-        # Set when a call left more than `limits.workspace_mb` behind: the files are removed and
-        # every later call is refused.
+        self.quota = tmpfs.Quota(limits.workspace_mb, limits.workspace_files)
+        try:
+            self.root = make_call_dir("rollout-", self.lease.uid, self.quota)
+        except BaseException:
+            self.lease.release()
+            raise
+        # Without a tmpfs: set when a call left more than `limits.workspace_mb` behind (the files
+        # are removed and every later call is refused).
         self.over_quota = False
 
     async def close(self) -> None:
@@ -55,6 +70,8 @@ class Workspace:
             raise ToolError("path must be a non-empty string")
         if "\x00" in path:
             raise ToolError("path contains a NUL byte")
+        if len(path) > MAX_PATH_CHARS:
+            raise ToolError(f"path longer than {MAX_PATH_CHARS} characters")
         pure = PurePosixPath(path)
         if pure.is_absolute():
             raise ToolError(f"absolute paths are not allowed: {path}")
@@ -63,6 +80,8 @@ class Workspace:
         parts = [p for p in pure.parts if p != "."]
         if not parts:
             raise ToolError(f"not a file path: {path}")
+        if len(parts) > MAX_PATH_PARTS:
+            raise ToolError(f"path deeper than {MAX_PATH_PARTS} directories: {path[:200]}")
         return parts
 
     def _parent(self, path: str, create: bool) -> tuple[int, str]:
@@ -180,16 +199,21 @@ class Workspace:
             raise ToolError(f"the workspace went over its {self.limits.workspace_mb} MiB quota; its files were removed")
         result = await run_command(["/bin/bash", "-c", command], self.root, self.limits, self.lease.uid)
         output = result.stdout + result.stderr
-        status = f"timed out after {self.limits.timeout_s:g} s" if result.timed_out else f"exit code {result.exit_code}"
-        if await self.used_mb() > self.limits.workspace_mb:
+        status = f"timed out after {self.limits.timeout_s:g} s" if result.timed_out else terminal_status(result.exit_code, result.error)
+        if is_tmpfs(self.root):
+            if words := tmpfs.full_words(self.root, self.quota, "the workspace is"):
+                status += f"; {words}"
+        elif await self.used_mb() > self.limits.workspace_mb:
             await self._clear()
             status += f"; the workspace went over its {self.limits.workspace_mb} MiB quota and its files were removed"
         return f"{output}[{status}]"
 
     async def used_mb(self) -> float:
-        """Disk space the workspace's files take, at any depth (`sandbox.disk_usage`; nothing of the
-        workspace runs meanwhile); infinite when it could not be measured, so that what cannot be
-        measured cannot escape the quota."""
+        """Space the workspace's files take, at any depth (its tmpfs's own count, or
+        `sandbox.disk_usage`; nothing of the workspace runs meanwhile); infinite when it could not
+        be measured, so that what cannot be measured cannot escape the quota."""
+        if is_tmpfs(self.root):
+            return tmpfs.usage(self.root).used_bytes / (1024 * 1024)
         used = await disk_usage(self.root)
         return math.inf if used is None else used / (1024 * 1024)
 
@@ -200,7 +224,18 @@ class Workspace:
         self.over_quota = True
 
 
+def terminal_status(exit_code: int | None, stopped: str | None) -> str:
+    """`exit code N`, and in words what stopped the command when a signal or a limit did, or what
+    it filled (the model reads `exit code 152: stopped at the CPU limit (10 s)`, not a bare 152)."""
+    notes = re.sub(r"^exited with code -?\d+", "", stopped or "")
+    if notes == (stopped or ""):  # a signal or a limit stopped it
+        return f"exit code {exit_code}: {stopped}" if stopped else f"exit code {exit_code}"
+    return f"exit code {exit_code}{notes}"  # "; <what it filled>", or nothing
+
+
 def _why(err: OSError, path: str) -> str:
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the workspace is full (its quota of bytes or files): {path}"
     if err.errno == errno.ELOOP:
         return f"symlinks are not allowed: {path}"
     if err.errno == errno.ENXIO:

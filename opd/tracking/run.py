@@ -6,6 +6,8 @@ flattened resolved config, each value cut to `max_param_chars` (the whole config
 without the directories the run writes to (tags: they differ between runs that ran the same).
 Times are the run's own: the MLflow run starts when the run started and ends when it ended, and
 each metric carries the time it was logged, however late the tracking process makes the call.
+Secrets (API keys, tokens, passwords, credentials in URLs) are masked in every param, tag, run
+name, dataset source and config artifact before they leave this process (`opd.tracking.secrets`).
 `open_run` is the run's lifetime: the store is checked cheaply before anything starts, the MLflow
 calls are made by a process of their own (`Tracker`, `opd.tracking.session`), and the run ends
 FINISHED when its block returns, KILLED on Ctrl-C or SIGTERM, FAILED on any other exception. A
@@ -23,7 +25,6 @@ import logging
 import os
 import pickle
 import queue
-import re
 import subprocess
 import sys
 import threading
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from opd.config import ConfigError
+from opd.tracking import secrets
 from opd.tracking.session import DatasetRef, ensure_experiment, git_commit, system_tags  # noqa: F401 (re-exported)
 from opd.tracking.store import absolute_tracking_uri, artifact_location, check_store
 
@@ -95,6 +97,8 @@ class Tracker:
         location = artifact_location(self.uri, artifact_root)
         self.run_file = run_file
         self.parent_run_id = parent_run_id
+        if run_name is not None:  # named after what was asked, which may hold secrets
+            run_name = secrets.mask_name(run_name)
         self._opened = self._send("open", self.uri, experiment, location, run_name, parent_run_id, experiment_id, run_id,
                                   None if run_file is None else str(run_file), _ms(started or time.time()), dict(source or {}))
 
@@ -142,20 +146,25 @@ class Tracker:
         self._traced = True
         return self.experiment_id
 
-    def log_config(self, resolved: dict[str, Any], yaml_text: str) -> None:
-        """The resolved config as params (but the run's directories, which are tags) and as config.yaml."""
-        params = {}
-        for key, value in flatten(resolved).items():
-            if key in DIRECTORY_KEYS:
-                continue
-            text = str(value)
-            params[key] = text if len(text) <= self.max_param_chars else text[: self.max_param_chars - 3] + "..."
-        self.log_params(params)
-        self.log_text(yaml_text, "config.yaml")
+    def log_config(self, resolved: dict[str, Any], artifact_file: str = "config.yaml", params: bool = True) -> None:
+        """The resolved config, secrets masked: as params (unless `params` is false; the run's
+        directories are tags, not params) and as a YAML artifact."""
+        masked = secrets.mask_config(resolved)
+        if params:
+            values = {}
+            for key, value in flatten(masked).items():
+                if key in DIRECTORY_KEYS:
+                    continue
+                text = str(value)
+                values[key] = text if len(text) <= self.max_param_chars else text[: self.max_param_chars - 3] + "..."
+            self.log_params(values)
+        from omegaconf import OmegaConf
+
+        self.log_text(OmegaConf.to_yaml(masked), artifact_file)
 
     def log_params(self, params: dict[str, str]) -> None:
-        """Log params not logged yet (MLflow refuses to change a param)."""
-        items = [(k, v) for k, v in params.items() if k not in self.params]
+        """Log params not logged yet (MLflow refuses to change a param); secrets masked."""
+        items = [(k, v) for k, v in secrets.mask_params(params).items() if k not in self.params]
         self.params.update(k for k, _ in items)
         for start in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
             self._send("log_params", dict(items[start : start + 100]))
@@ -164,10 +173,13 @@ class Tracker:
         self._send("log_text", text, artifact_file)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self._send("set_tags", dict(tags))
+        """Set tags, secrets masked."""
+        self._send("set_tags", secrets.mask_params(dict(tags)))
 
     def log_dataset(self, name: str, ref: DatasetRef, rows: list[dict[str, Any]], context: str) -> None:
-        """The dataset as the run's input: name, digest (of the rows) and source, in the UI's Datasets column."""
+        """The dataset as the run's input: name, digest (of the rows) and source, in the UI's Datasets column
+        (a source URL's credentials masked)."""
+        ref = DatasetRef(ref.kind, None if ref.path is None else secrets.mask_text(ref.path), ref.subset, ref.split, secrets.mask_text(ref.described))
         self._send("log_dataset", name, ref, rows, context)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -312,7 +324,6 @@ DIRECTORY_KEYS = ("output_dir", "output_root")
 _UNNAMED = {"env", "model", "server", "server.model", "server.base_urls", "judge.base_url", "output_root", "output_dir", "resume",
             "runner.progress", "experiment"}
 _UNNAMED_PREFIXES = ("hydra.", "hydra/", "tracking.")
-_SECRET = re.compile(r"key|token|secret|password", re.IGNORECASE)
 
 
 def run_title(env: str, model: str, overrides: list[str], limit: int = 200) -> str:
@@ -321,7 +332,7 @@ def run_title(env: str, model: str, overrides: list[str], limit: int = 200) -> s
     shown = []
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
-        if key in _UNNAMED or key.startswith(_UNNAMED_PREFIXES) or _SECRET.search(key):
+        if key in _UNNAMED or key.startswith(_UNNAMED_PREFIXES) or secrets.secret_key(key):
             continue
         shown.append(override.lstrip("+"))
     name = " ".join([env, model, *shown])
@@ -331,7 +342,7 @@ def run_title(env: str, model: str, overrides: list[str], limit: int = 200) -> s
 def source_tags(argv: list[str]) -> dict[str, str]:
     """MLflow's source tags for the launcher (not the tracking process that makes the calls): the
     script it ran and the command line, with values of secret-looking keys hidden."""
-    shown = [f"{a.split('=', 1)[0]}=***" if "=" in a and _SECRET.search(a.split("=", 1)[0]) else a for a in argv[1:]]
+    shown = [secrets.mask_text(a) for a in secrets.mask_overrides(argv[1:])]
     script = str(Path(argv[0]).resolve()) if argv and argv[0] else "python"
     module = Path(script).relative_to(_PACKAGE_ROOT).with_suffix("").as_posix().replace("/", ".") if script.startswith(str(_PACKAGE_ROOT)) else None
     command = " ".join(["python", "-m", module] if module else ["python", script]) + (" " + " ".join(shown) if shown else "")
@@ -379,7 +390,7 @@ class RunInfo:
 
 
 @contextlib.contextmanager
-def open_run(tracking: Any, out: Path, resolved: dict[str, Any], yaml_text: str, info: RunInfo, resume_id: str | None = None,
+def open_run(tracking: Any, out: Path, resolved: dict[str, Any], info: RunInfo, resume_id: str | None = None,
              kept: int = 0, begin: bool = False) -> Iterator[Tracker]:
     """The run's MLflow run for the length of the block (see the module docstring). A store that
     cannot be used is a ConfigError naming `tracking.uri`, raised before anything starts. The run
@@ -395,9 +406,9 @@ def open_run(tracking: Any, out: Path, resolved: dict[str, Any], yaml_text: str,
             tracker.begin()
         if resume_id is not None:
             tracker.set_tags({"opd.resumed_with_groups": str(kept)})
-            tracker.log_text(yaml_text, "config_resumed.yaml")
+            tracker.log_config(resolved, "config_resumed.yaml", params=False)
         else:
-            tracker.log_config(resolved, yaml_text)
+            tracker.log_config(resolved)
             tracker.log_params(info.swept)
             directories = {key: str(Path(str(resolved[key])).resolve()) for key in DIRECTORY_KEYS if resolved.get(key)}
             tracker.set_tags({**info.tags, **directories, "output_dir": str(out.resolve()), "opd.pid": str(os.getpid())})

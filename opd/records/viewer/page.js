@@ -132,8 +132,13 @@
   // ---- a group -------------------------------------------------------------------------------
   const summaryOf = (g) => ROWS.find((row) => row[COL.group] === g);
   const passedOf = (env, d) => (env === "inline_math" && "correct" in d ? !!d.correct : env === "opd_coding" && "tests" in d ? d.tests === "pass" : null);
-  const toolCallsOf = (d) => (typeof d.tool_calls === "number" ? d.tool_calls : (d.tools_used || []).length);
-  const turnsOf = (d) => d.opd_turns || [];
+  // A record's fields are read as the format says only when they have its types (a hostile or
+  // foreign file may hold anything): lists must be arrays, counts numbers; every value shown is escaped.
+  const list = (x) => (Array.isArray(x) ? x : []);
+  const obj = (x) => (x !== null && typeof x === "object" && !Array.isArray(x) ? x : {});
+  const toolCallsOf = (d) => (typeof d.tool_calls === "number" ? d.tool_calls : list(d.tools_used).length);
+  const turnsOf = (d) => list(d.opd_turns).filter((t) => t !== null && typeof t === "object");
+  const spanOf = (t) => (Array.isArray(t.span) && t.span.length === 2 ? t.span : [null, null]);
 
   function setHash(g, r, p) {
     const parts = [`g=${g}`];
@@ -170,20 +175,20 @@
   function drawGroup(g, data) {
     const row = summaryOf(g);
     const env = row[COL.env];
-    const go = data.group_overrides;
+    const go = obj(data.group_overrides);
     const facts = [["item", go.item_id], ["env", env]];
     if ("answer" in go) facts.push(["answer", go.answer]);
     for (const [k, v] of Object.entries(go)) if (k !== "item_id" && k !== "answer") facts.push([k, typeof v === "object" ? JSON.stringify(v) : v]);
     facts.push(["scores", data.sequences.map((s) => num(s.score)).join(", ")], ["generation", JSON.stringify(data.generation_params)]);
     const opd = hasOPD(row);
     const rollouts = data.sequences.map((s, r) => {
-      const d = s.details;
+      const d = obj(s.details);
       const ok = passedOf(env, d);
       const turns = turnsOf(d);
-      return `<tr data-r="${r}"><td class="num">${r}</td><td class="num">${num(s.score)}</td>` +
+      return `<tr data-r="${r}"><td class="num">${r}</td><td class="num">${esc(num(s.score))}</td>` +
         `<td class="${ok === true ? "good" : ok === false ? "bad" : ""}">${ok === null ? "–" : ok ? "yes" : "no"}${d.tests ? ` (${esc(d.tests)})` : ""}</td>` +
-        `<td>${esc(d.finish ?? "–")}</td><td class="num">${toolCallsOf(d)}</td><td class="num${d.tool_errors ? " bad" : ""}">${num(d.tool_errors ?? 0)}</td>` +
-        (opd ? `<td class="num">${turns.filter((t) => t.hint).length}/${turns.length}</td>` : "") + `<td class="num">${num(d.generated_tokens ?? "–")}</td></tr>`;
+        `<td>${esc(d.finish ?? "–")}</td><td class="num">${esc(toolCallsOf(d))}</td><td class="num${d.tool_errors ? " bad" : ""}">${esc(num(d.tool_errors ?? 0))}</td>` +
+        (opd ? `<td class="num">${turns.filter((t) => t.hint).length}/${turns.length}</td>` : "") + `<td class="num">${esc(num(d.generated_tokens ?? "–"))}</td></tr>`;
     }).join("");
     $("detail").innerHTML =
       `<h2>group ${g} · ${esc(go.item_id ?? "")}</h2><dl class="kv">${facts.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(num(v))}</dd>`).join("")}</dl>` +
@@ -223,13 +228,13 @@
   }
 
   function turnLabel(turn, j) {
-    const votes = (turn.votes || []).map((v) => (v === null ? "?" : v > 0 ? "+1" : "−1")).join(" ");
+    const votes = list(turn.votes).map((v) => (v === null ? "?" : v > 0 ? "+1" : "−1")).join(" ");
     return `turn ${j} · votes [${votes}] → ${turn.decision === null || turn.decision === undefined ? "none" : turn.decision > 0 ? "+1" : "−1"}` +
       (turn.hint ? ` · hint${turn.scored ? ", scored" : ", not scored"}` : "") + (turn.error ? " · error" : "");
   }
 
   function drawTokens(v, turns) {
-    const marks = new Map(turns.map((turn, j) => [turn.span[0], j]));
+    const marks = new Map(turns.map((turn, j) => [spanOf(turn)[0], j]));
     const parts = [];
     for (let p = 0; p < v.n; p++) {
       if (marks.has(p)) {
@@ -259,7 +264,8 @@
   }
 
   function drawMessages(messages, turns) {
-    return messages.map((m, i) => {
+    return list(messages).map((m, i) => {
+      if (m === null || typeof m !== "object") m = { role: "?", content: m };
       const judged = turns.map((turn, j) => [turn, j]).filter(([turn]) => turn.message_index === i);
       const boxes = judged.map(([turn, j]) =>
         `<div class="judge${turn.hint ? " hinted" : ""}"><a data-turn="${j}">${esc(turnLabel(turn, j))}</a>` +
@@ -272,8 +278,8 @@
     if (!turns.length) return "";
     return `<h3>Judged turns</h3><table class="turns"><thead><tr><th class="num">#</th><th class="num">message</th><th>span</th><th>votes</th><th>decision</th>` +
       `<th>hint</th><th>scored</th><th>error</th></tr></thead><tbody>` + turns.map((t, j) =>
-        `<tr><td class="num"><a data-turn="${j}">${j}</a></td><td class="num">${t.message_index ?? "–"}</td><td>[${t.span[0]}, ${t.span[1]})</td>` +
-        `<td>${json(t.votes)}</td><td>${num(t.decision)}</td><td><div class="clamp" title="${esc(t.hint || "")}">${t.hint ? esc(t.hint) : "–"}</div></td>` +
+        `<tr><td class="num"><a data-turn="${j}">${j}</a></td><td class="num">${esc(t.message_index ?? "–")}</td><td>[${esc(spanOf(t)[0])}, ${esc(spanOf(t)[1])})</td>` +
+        `<td>${json(t.votes)}</td><td>${esc(num(t.decision))}</td><td><div class="clamp" title="${esc(t.hint || "")}">${t.hint ? esc(t.hint) : "–"}</div></td>` +
         `<td class="${t.scored ? "good" : ""}">${t.scored ? "yes" : "no"}</td><td class="${t.error ? "bad" : ""}"><div class="clamp">${t.error ? esc(t.error) : "–"}</div></td></tr>`).join("") + "</tbody></table>";
   }
 
@@ -281,7 +287,7 @@
     const g = state.group;
     const env = summaryOf(g)[COL.env];
     const seq = data.sequences[r];
-    const d = seq.details;
+    const d = obj(seq.details);
     state.rollout = r;
     hidePopup();
     document.querySelectorAll(".rollouts tr.open").forEach((tr) => tr.classList.remove("open"));
@@ -291,8 +297,8 @@
     const turns = turnsOf(d);
     const ok = passedOf(env, d);
     const facts = [["score", num(seq.score)], ["passed", ok === null ? "–" : ok ? "yes" : "no"]];
-    for (const [name, value] of Object.entries(d.reward_signals || {})) facts.push([`signal: ${name}`, num(value)]);
-    facts.push(["finish", d.finish], ["tool calls", toolCallsOf(d) + (d.tools_used && d.tools_used.length ? ` (${d.tools_used.join(", ")})` : "")], ["tool errors", num(d.tool_errors ?? 0)]);
+    for (const [name, value] of Object.entries(obj(d.reward_signals))) facts.push([`signal: ${name}`, typeof value === "object" && value !== null ? JSON.stringify(value) : num(value)]);
+    facts.push(["finish", d.finish], ["tool calls", toolCallsOf(d) + (list(d.tools_used).length ? ` (${list(d.tools_used).join(", ")})` : "")], ["tool errors", num(d.tool_errors ?? 0)]);
     const shown = new Set(["reward_signals", "finish", "tool_calls", "tools_used", "tool_errors", "opd_turns", "correct"]);
     for (const [k, v] of Object.entries(d)) if (!shown.has(k)) facts.push([k, typeof v === "object" && v !== null ? JSON.stringify(v) : num(v)]);
     const scored = view.a.rows.length;

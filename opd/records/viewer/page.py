@@ -5,11 +5,16 @@ small per-group summaries, the script (which draws the index as soon as it is pa
 deflated blob per group (`payload.pack_group`), inflated by the page only when that group is
 opened. The blobs are streamed to a temporary file while the summaries are collected, so memory
 stays at one group whatever the file's size.
+
+The records are data, never markup: the page escapes every value it shows, and its Content
+Security Policy lets only its own script run (by hash) and load nothing, so even a value that
+reached the page unescaped could not run script or fetch anything.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import json
 import logging
@@ -38,6 +43,11 @@ def _asset(name: str) -> str:
 def script_json(value: Any) -> str:
     """JSON safe inside a <script> element: no `<` at all, so neither `</script>` nor `<!--`."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
+
+
+def script_hash(script: str) -> str:
+    """The CSP source that allows exactly this inline script: `sha256-<base64 digest>`."""
+    return "sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
 
 
 def decode_vocabulary(tokenizer: Any, ids: np.ndarray) -> list[str | None]:
@@ -95,7 +105,9 @@ def write_viewer(groups_path: Path, tokenizer: Any, html_path: Path) -> Path:
                 logger.warning("%s; the viewer shows the groups before it", err)
             vocabulary = decode_vocabulary(tokenizer, np.flatnonzero(used))
             head, tail = _asset("page.html").split("{{groups}}")
-            fill = {"title": html.escape(f"{groups_path.parent.name}/{groups_path.name}"), "style": _asset("page.css"), "script": _asset("page.js"),
+            script = _asset("page.js")
+            fill = {"title": html.escape(f"{groups_path.parent.name}/{groups_path.name}"), "style": _asset("page.css"), "script": script,
+                    "script_hash": script_hash(script),
                     "vocabulary": script_json(vocabulary), "summary": script_json({"columns": COLUMNS, "rows": rows, "problems": problems})}
             # One pass, so a placeholder's text inside a filled-in value is left alone.
             head = re.sub(r"\{\{(\w+)\}\}", lambda m: fill[m.group(1)], head)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opd.config import SandboxConfig
-from opd.tools.sandbox import UidLease, exited, interpreter, make_call_dir, read_cut, remove_call_dir, scratch_dir, spawn, stop
+from opd.tools.sandbox import UidLease, call_area, exited, interpreter, read_cut, remove_call_dir, scratch_dir, spawn, stop
 
 HERE = Path(__file__).resolve().parent
 _SCRIPTS = ("wire.py", "solution_server.py", "test_runner.py")
@@ -51,13 +51,20 @@ async def run_tests(solution: str, tests: str, limits: SandboxConfig) -> TestOut
     """Run `tests` against `solution` (the source of solution.py) as described above; the jails
     get `limits`, their wall clock included."""
     python = interpreter()[0]
-    leases = [UidLease.take(limits.uid_base), UidLease.take(limits.uid_base)]
-    server_dir = make_call_dir("solution-", leases[0].uid)
-    tests_dir = make_call_dir("tests-", leases[1].uid)
-    capture = scratch_dir("harness-")
+    leases: list[UidLease] = []
+    roots: list[Path] = []
+    capture: Path | None = None
     fds: list[int] = []
     procs = []
     try:
+        leases = [UidLease.take(limits.uid_base), UidLease.take(limits.uid_base)]
+        # Each jail's directory, /tmp and /dev/shm: one tmpfs of tmp_mb and tmp_files (as root).
+        server_root, server = call_area("solution-", leases[0].uid, limits)
+        roots.append(server_root)
+        tests_root, tested = call_area("tests-", leases[1].uid, limits)
+        roots.append(tests_root)
+        server_dir, tests_dir = server.work, tested.work
+        capture = scratch_dir("harness-")
         scripts = {name: (HERE / name).read_text(encoding="utf-8") for name in _SCRIPTS}
         for name in ("wire.py", "solution_server.py"):
             _put(server_dir, name, scripts[name], None)
@@ -70,10 +77,10 @@ async def run_tests(solution: str, tests: str, limits: SandboxConfig) -> TestOut
         verdict_r, verdict_w = os.pipe()
         fds = [requests_r, requests_w, answers_r, answers_w, verdict_r, verdict_w]
         # What the solution prints goes nowhere: it can print without limit, and it decides nothing.
-        procs.append(spawn([python, "-I", "solution_server.py", str(requests_r), str(answers_w)], server_dir, limits, leases[0].uid,
+        procs.append(spawn([python, "-I", "solution_server.py", str(requests_r), str(answers_w)], server, limits, leases[0].uid,
                            subprocess.DEVNULL, subprocess.DEVNULL, pass_fds=(requests_r, answers_w)))
         with open(capture / "tests", "wb") as out:
-            procs.append(spawn([python, "-I", "test_runner.py", str(requests_w), str(answers_r), str(verdict_w), "tests.py"], tests_dir, limits,
+            procs.append(spawn([python, "-I", "test_runner.py", str(requests_w), str(answers_r), str(verdict_w), "tests.py"], tested, limits,
                                leases[1].uid, out, out, pass_fds=(requests_w, answers_r, verdict_w)))
         for fd in (requests_r, requests_w, answers_r, answers_w, verdict_w):  # only the jails hold them now
             os.close(fd)
@@ -94,8 +101,9 @@ async def run_tests(solution: str, tests: str, limits: SandboxConfig) -> TestOut
             await asyncio.gather(*(stop(proc, lease.uid) for proc, lease in zip(procs, leases)))
             for fd in fds:
                 os.close(fd)
-            shutil.rmtree(capture, ignore_errors=True)
-            await asyncio.gather(remove_call_dir(server_dir), remove_call_dir(tests_dir))
+            if capture is not None:
+                shutil.rmtree(capture, ignore_errors=True)
+            await asyncio.gather(*(remove_call_dir(root) for root in roots))
         finally:
             for lease in leases:
                 lease.release()
