@@ -39,7 +39,7 @@ class OPDCodingEnv(OPDBaseEnv):
     name = "opd_coding"
 
     def __init__(self, cfg: OPDCodingEnvConfig, reward: OPDCodingRewardConfig, judge: JudgeConfig, judge_pool: ServerPool | None = None, **common: Any) -> None:
-        super().__init__(temperature=cfg.temperature, top_p=cfg.top_p, eval_temperature=cfg.eval_temperature, tools=coding_prompt.TOOLS, **common)
+        super().__init__(temperature=cfg.temperature, sampling=cfg.sampling, eval_temperature=cfg.eval_temperature, tools=coding_prompt.TOOLS, **common)
         self.cfg, self.reward_cfg, self.judge_cfg = cfg, reward, judge
         self.rubric = Rubric(rewards.SIGNALS, reward.weights, params=reward)
         self.system_prompt = cfg.system_prompt or coding_prompt.SYSTEM_PROMPT
@@ -108,7 +108,6 @@ class OPDCodingEnv(OPDBaseEnv):
                 generate=self.generate,
                 limits=self.limits,
                 temperature=temperature,
-                top_p=self.top_p,
                 tracer=self.tracer,
                 fmt=self.chat_format,
                 parser=self.parser,
