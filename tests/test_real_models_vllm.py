@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 PRESETS = {"qwen3": "qwen3", "qwen2_5": "qwen2_5", "qwen2_5_coder": "qwen2_5", "llama3": "llama3", "mistral": "mistral",
            "deepseek_r1_distill": "deepseek_r1_distill", "gpt_oss": "gpt_oss"}
 # Per-turn budgets cut for time on 2 CPU cores (the server keeps the preset's context length).
-BUDGETS = {"opd_coding": ["env.max_tokens_per_turn=384", "env.max_turns=3"],
-           "inline_math": ["env.max_tokens_per_segment=192", "env.max_new_tokens=384"]}
+BUDGETS = {"opd_coding": ["env.max_tokens_per_turn=192", "env.max_turns=3"],
+           "inline_math": ["env.max_tokens_per_segment=96", "env.max_new_tokens=192"]}
 
 
 @pytest.fixture(scope="module", params=["qwen3", "qwen2_5", "llama3", "mistral", "deepseek_r1_distill", "gpt_oss"])
