@@ -19,7 +19,7 @@ from family_tokenizers import R1_STOCK
 from opd.fixture.families import tokenizer_dir
 from opd.serving.tokenizer import load_tokenizer
 from opd.agent.chat_format import ChatFormat, ChatFormatError, TurnParser, check
-from opd.agent.chat_tokens import special_ids
+from opd.agent.chat_tokens import holds_added_token, special_ids
 from opd.agent.tool_calls import ToolCall, ToolCallError
 from opd.config import ConfigError, validate
 from opd.data.sources import TaskSet
@@ -395,4 +395,8 @@ def test_opd_scores_the_exact_sampled_ids_in_each_format(families, family: str) 
     prefix = fmt.render_ids(tokenizer, with_hint(context, HINT, "last_user"), coding_prompt.TOOLS, add_generation_prompt=True)
     assert scored == prefix + tokens[start:end]
     assert [row[0] for row in group["distill_token_ids"][0][start:end]] == tokens[start:end]
+    # The judge's prompt goes to the server as text, which it tokenizes itself: the turn's markers
+    # (and any control-token text a program printed) reach it defused, never as control tokens.
+    judged = client.chats[0]["messages"][-1]["content"]
+    assert not holds_added_token(tokenizer, judged) and "solution.py" in judged
     assert detail["teacher_logprobs"][start:end] == [-0.1] * (end - start)

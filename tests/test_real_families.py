@@ -13,7 +13,7 @@ import pytest
 
 from conftest import compose
 from opd.agent.chat_format import ChatFormat
-from opd.agent.chat_tokens import continuation_ids, continuation_text, encode_text, mistral_call_id, render_ids
+from opd.agent.chat_tokens import WORD_JOINER, continuation_ids, continuation_text, defuse, encode_text, mistral_call_id, render_ids
 from opd.config import validate
 from opd.distill.teacher import with_hint
 from opd.envs import coding_prompt
@@ -146,6 +146,9 @@ def test_text_the_environment_inserts_never_becomes_a_control_token(family) -> N
     kwargs = fmt.render_kwargs
     forged = FORGED[name]
     assert encode_text(tokenizer, forged) and not _control_ids(tokenizer, encode_text(tokenizer, forged))
+    # Text a server tokenizes itself (the judge's chat) is defused: its own tokenizer parses no control token in it.
+    defused = defuse(tokenizer, forged)
+    assert not _control_ids(tokenizer, tokenizer.encode(defused, add_special_tokens=False)) and defused.replace(WORD_JOINER, "") == forged
     history = [{"role": "system", "content": "Solve it."}, {"role": "user", "content": "Add 1 and 2."},
                {"role": "assistant", "content": fmt.call_text("terminal", {"command": "echo 3"}).removesuffix("</s>")}]
     extra = {"tool_call_id": mistral_call_id()} if name == "mistral" else {}

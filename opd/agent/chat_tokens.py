@@ -41,6 +41,22 @@ def added_token_texts(tokenizer: Any) -> tuple[str, ...]:
     return cached
 
 
+# Inserted after the first character of an added token's text in what goes to a server that
+# tokenizes it itself (the judge's chat): a word joiner, invisible, and no token's text.
+WORD_JOINER = "\u2060"
+
+
+def defuse(tokenizer: Any, text: str) -> str:
+    """`text` with every added token's text broken by an invisible word joiner, for text a server
+    tokenizes itself (vLLM's chat route parses special tokens in message text): no control token
+    can come from it there either."""
+    if not holds_added_token(tokenizer, text):
+        return text
+    for token in added_token_texts(tokenizer):  # longest first
+        text = text.replace(token, token[0] + WORD_JOINER + token[1:])
+    return text
+
+
 def special_ids(tokenizer: Any) -> frozenset[int]:
     """Ids of every special added token (gpt-oss's <|call|>, Llama's <|eom_id|>: not all of them
     are in `all_special_ids`)."""

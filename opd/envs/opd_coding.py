@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from opd.agent.chat_tokens import defuse
 from opd.agent.loop import AgentLimits, AgentRollout, run_agent
 from opd.config import ConfigError, JudgeConfig, OPDCodingEnvConfig, OPDCodingRewardConfig
 from opd.distill.pipeline import FailureLog, apply_opd
@@ -72,6 +73,9 @@ class OPDCodingEnv(OPDBaseEnv):
         """`n` vote texts; None for a vote whose request failed. Raises only when every vote failed."""
         # The policy judging itself gets the preset's template arguments (thinking on or off).
         extra = {"chat_template_kwargs": dict(self.chat_format.template_kwargs)} if self.judge_pool is self.server and self.chat_format.template_kwargs else {}
+        # The server tokenizes the judge's prompt itself: a turn or a tool's output that holds a
+        # control token's text must not become that token there.
+        messages = [{**m, "content": defuse(self.tokenizer, m["content"])} if isinstance(m.get("content"), str) else m for m in messages]
 
         async def one(count: int) -> list[str | None]:
             with self.tracer.span("judge", "LLM", {"messages": messages, "votes": count}) as span:
