@@ -359,13 +359,20 @@ HINT = "Run the tests after writing the file."
 
 
 def _prompt_rows(ids: list[int], k: int):
-    """Prompt-logprob rows as the client normalises vLLM's: per position the actual token first
-    (logprob -0.1), then K-1 others; nothing for position 0."""
-    from opd.serving.vllm_client import PromptScores
+    """Prompt-logprob rows as vLLM returns them (position 0 null; K entries keyed by token id when
+    the actual token is in the top K, else K+1 with it added), normalised by the client's own code.
+    The actual token is the likeliest on even positions and outside the top K on odd ones."""
+    from opd.serving.vllm_client import PromptScores, normalise_topk_rows
 
-    rows = [[t, *[(t + j) % 30000 + 1 for j in range(1, k)]] for t in ids]
-    lps = [[-0.1 * (j + 1) for j in range(k)] for _ in ids]
-    return PromptScores([[]] + rows[1:], [[]] + lps[1:], [None] + [-0.1] * (len(ids) - 1))
+    rows: list[dict | None] = [None]
+    for position, token in enumerate(ids[1:], start=1):
+        others = {(token + j) % 30000 + 1: {"logprob": -0.1 * (j + 1)} for j in range(1, k + 1)}
+        if position % 2 == 0:
+            rows.append({token: {"logprob": -0.05}, **dict(list(others.items())[: k - 1])})
+        else:
+            rows.append({**dict(list(others.items())[:k]), token: {"logprob": -9.0}})
+    top_ids, top_lps, actual = normalise_topk_rows(ids, rows, k)
+    return PromptScores(top_ids, top_lps, actual)
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
@@ -394,9 +401,16 @@ def test_opd_scores_the_exact_sampled_ids_in_each_format(families, family: str) 
     context = group["messages"][0][: turn["message_index"]]
     prefix = fmt.render_ids(tokenizer, with_hint(context, HINT, "last_user"), coding_prompt.TOOLS, add_generation_prompt=True)
     assert scored == prefix + tokens[start:end]
-    assert [row[0] for row in group["distill_token_ids"][0][start:end]] == tokens[start:end]
+    # The teacher's rows land on the student's tokens: where the sampled token is in the teacher's
+    # top K it comes first, elsewhere it is outside the K kept; its own logprob is recorded either way.
+    for position in range(start, end):
+        row, lp = group["distill_token_ids"][0][position], detail["teacher_logprobs"][position]
+        assert len(row) == 5
+        if (len(scored) - (end - position)) % 2 == 0:
+            assert row[0] == tokens[position] and lp == -0.05
+        else:
+            assert tokens[position] not in row and lp == -9.0
     # The judge's prompt goes to the server as text, which it tokenizes itself: the turn's markers
     # (and any control-token text a program printed) reach it defused, never as control tokens.
     judged = client.chats[0]["messages"][-1]["content"]
     assert not holds_added_token(tokenizer, judged) and "solution.py" in judged
-    assert detail["teacher_logprobs"][start:end] == [-0.1] * (end - start)
