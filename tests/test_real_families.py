@@ -171,9 +171,12 @@ def test_text_the_environment_inserts_never_becomes_a_control_token(family) -> N
     dirty = [{"role": "system", "content": "Solve it."}, {"role": "user", "content": "Add 1 and 2. " + forged}]
     assert _control_ids(tokenizer, render_ids(tokenizer, dirty, coding_prompt.TOOLS, True, kwargs)) == \
         _control_ids(tokenizer, render_ids(tokenizer, clean, coding_prompt.TOOLS, True, kwargs))
-    hinted = with_hint(clean, forged, "last_user")
-    assert _control_ids(tokenizer, render_ids(tokenizer, hinted, coding_prompt.TOOLS, True, kwargs)) == \
-        _control_ids(tokenizer, render_ids(tokenizer, clean, coding_prompt.TOOLS, True, kwargs))
+    for placement in ("last_user", "system", "new_user"):
+        ids = {}
+        for hint in (forged, "Check the sum."):
+            tails = [(0, hint.strip())] if placement == "system" else []
+            ids[hint] = render_ids(tokenizer, with_hint(clean, hint, placement), coding_prompt.TOOLS, True, kwargs, tails)
+        assert _control_ids(tokenizer, ids[forged]) == _control_ids(tokenizer, ids["Check the sum."]), placement
 
 
 def test_qwen3_drops_earlier_reasoning_once_a_new_user_message_follows() -> None:

@@ -21,8 +21,9 @@ import json
 import uuid
 from typing import Any, Callable, Iterable, Mapping
 
-# Roles whose content the model did not sample: tokenized as text.
-INSERTED_ROLES = ("system", "user", "tool")
+# Roles whose content comes from outside (a dataset, a user, a tool): tokenized as text. The
+# system prompt is the run's own configuration (its examples may show the format's markers).
+INSERTED_ROLES = ("user", "tool")
 
 
 class TemplateMismatch(ValueError):
@@ -116,17 +117,22 @@ def encode_with_text_spans(tokenizer: Any, text: str, spans: Iterable[tuple[int,
     return ids
 
 
-def content_spans(render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]], indices: Iterable[int]) -> list[tuple[int, int]]:
-    """Where the content of each message in `indices` lands in `render(messages)`: found by
-    rendering with that content replaced by a sentinel (letters and digits, which templates and
-    `tojson` keep as they are) and comparing; the template may transform the content (quote it,
-    escape it), the span covers what it made of it."""
+def content_spans(render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]],
+                  indices: Iterable[int | tuple[int, str]]) -> list[tuple[int, int]]:
+    """Where the content of each message in `indices` (or `(index, text)`: that text at the end of
+    its content) lands in `render(messages)`: found by rendering with it replaced by a sentinel
+    (letters and digits, which templates and `tojson` keep as they are) and comparing; the
+    template may transform the content (quote it, escape it), the span covers what it made of it."""
     real = render(messages)
     spans = []
-    for index in indices:
+    for target in indices:
+        index, part = target if isinstance(target, tuple) else (target, None)
         sentinel = f"opdsentinel{uuid.uuid4().hex}"
         probe = [dict(m) for m in messages]
-        probe[index]["content"] = sentinel
+        content = probe[index]["content"]
+        probe[index]["content"] = sentinel if part is None else content[: len(content) - len(part)] + sentinel
+        if part is not None and not content.endswith(part):
+            raise TemplateMismatch(f"message {index} does not end with the text to locate")
         shown = render(probe)
         at = shown.find(sentinel)
         length = len(real) - len(shown) + len(sentinel)
@@ -137,14 +143,17 @@ def content_spans(render: Callable[[list[dict[str, Any]]], str], messages: list[
 
 
 def render_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None, add_generation_prompt: bool,
-               template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
-    """The template's rendering of `messages` as ids, system, user and tool contents as text."""
+               template_kwargs: Mapping[str, Any] | None = None, untrusted_tails: Iterable[tuple[int, str]] = ()) -> list[int]:
+    """The template's rendering of `messages` as ids, user and tool contents as text, and each
+    `(index, text)` of `untrusted_tails` (text appended to a trusted message, e.g. a hint added to
+    the system prompt) as text too."""
     extra = dict(template_kwargs or {})
 
     def render(msgs: list[dict[str, Any]]) -> str:
         return tokenizer.apply_chat_template(msgs, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **extra)
 
-    risky = [i for i, m in enumerate(messages) if m.get("role") in INSERTED_ROLES and holds_added_token(tokenizer, m.get("content"))]
+    risky: list[int | tuple[int, str]] = [i for i, m in enumerate(messages) if m.get("role") in INSERTED_ROLES and holds_added_token(tokenizer, m.get("content"))]
+    risky += [(i, tail) for i, tail in untrusted_tails if i not in risky and holds_added_token(tokenizer, tail)]
     text = render(messages)
     return encode_with_text_spans(tokenizer, text, content_spans(render, messages, risky) if risky else [])
 
@@ -183,7 +192,7 @@ def _continuation(tokenizer: Any, history: list[dict[str, Any]], new_messages: l
         # follows is the template's text after the last end-of-turn marker before the new messages.
         if not new_messages:
             raise TemplateMismatch("the chat template renders earlier turns differently once new messages follow")
-        (first, _), = content_spans(render, new_messages[:1] + new_messages[1:], [0])
+        ((first, _),) = content_spans(render, new_messages, [0])
         marker = end_token if end_token and end_token in after[:first] else tokenizer.eos_token
         found = after.rfind(marker, 0, first)
         if found == -1:

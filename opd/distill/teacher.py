@@ -53,7 +53,9 @@ async def score_turn(tokenizer: Any, context: list[dict[str, Any]], tools: list[
     """The hinted teacher's rows on `turn_ids`: the context with the hint, rendered by the chat
     template (with the rollout's template arguments), then the student's exact ids."""
     # The hint, the task and the tool results are text: none of them can forge a control token.
-    prompt_ids = render_ids(tokenizer, with_hint(context, hint, placement, header), tools, True, template_kwargs)
+    hinted = with_hint(context, hint, placement, header)
+    system = [(i, hint.strip()) for i, m in enumerate(hinted) if m.get("role") == "system" and placement == "system"]
+    prompt_ids = render_ids(tokenizer, hinted, tools, True, template_kwargs, system[-1:])
     first = len(prompt_ids)
     result = await score(prompt_ids + list(turn_ids), top_k, first)
     ids, lps, sampled = result.top_ids[first:], result.top_logprobs[first:], result.token_logprobs[first:]

@@ -39,7 +39,9 @@ def system_prompt(fmt: ChatFormat, tool_instruction: bool = False) -> str:
                 "calculator or python_interpreter function, and its result comes back. Then state the final answer in your "
                 "final channel as \\boxed{...}.")
     else:
-        example = fmt.call_text("calculator", {"expr": "2 * 21"})
+        # Shown as text in the system message: without an end-of-turn marker the server adds (Llama's
+        # <|eot_id|>, Mistral's </s>), which would end the system message there.
+        example = fmt.call_text("calculator", {"expr": "2 * 21"}).removesuffix("<|eot_id|>").removesuffix("</s>")
         text = ("You solve math problems. Think step by step inside <think> and </think>. While thinking you may call a "
                 f"tool, written exactly like this: {example} Its result comes back and you keep thinking. After </think>, "
                 "state the final answer as \\boxed{...}.")
