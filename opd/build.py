@@ -21,12 +21,16 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_model(name: str) -> str:
-    """"fixture" -> the project's fixture model directory (built if missing); else unchanged."""
+    """"fixture" -> the project's fixture model directory (built if missing); else `name` once it
+    is found: a local directory, a cached hub model, or one the hub gives now (else a
+    `ConfigError` naming `server.model`, before any server starts)."""
     if name == "fixture":
         from opd.fixture.build import ensure_fixture
 
         return str(ensure_fixture())
-    return name
+    from opd.serving.model_lookup import find_model
+
+    return find_model(name)
 
 
 def vocabulary_size(model: str) -> int | None:

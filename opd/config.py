@@ -29,6 +29,17 @@ class ConfigError(ValueError):
         self.key = key
 
 
+# The project's root: relative paths in the config (e.g. model.chat_template) are read from here
+# when they are not found from the working directory.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def project_path(path: str) -> Path:
+    """`path` as given when it exists (or is absolute), else relative to the project's root."""
+    given = Path(path).expanduser()
+    return given if given.is_absolute() or given.exists() else PROJECT_ROOT / given
+
+
 def _check(condition: bool, key: str, rule: str, value: Any) -> None:
     if not condition:
         raise ConfigError(f"{key} must be {rule}, got {value!r}", key)
@@ -67,6 +78,17 @@ class ModelInlineMath:
 
 
 @dataclass
+class ModelSampling:
+    """model.sampling: the vendor's recommended sampling, in both environments (null: not sent,
+    so the model's own generation_config.json decides)."""
+
+    top_p: Optional[float] = MISSING
+    top_k: Optional[int] = MISSING
+    min_p: Optional[float] = MISSING
+    eval_temperature: float = MISSING
+
+
+@dataclass
 class ModelCoding:
     """model.opd_coding: budgets and sampling of env=opd_coding with this model."""
 
@@ -95,6 +117,9 @@ class ModelConfig:
     required_tokens: list[str] = MISSING
     chat_template: Optional[str] = MISSING
     chat_template_kwargs: dict[str, Any] = MISSING
+    tool_call_ids: Optional[str] = MISSING
+    reasoning_end: str = MISSING
+    sampling: ModelSampling = MISSING
     inline_math: ModelInlineMath = MISSING
     opd_coding: ModelCoding = MISSING
 
@@ -102,9 +127,10 @@ class ModelConfig:
         _check(bool(self.tool_call_parser), "model.tool_call_parser", "a vLLM --tool-call-parser name", self.tool_call_parser)
         _check(bool(self.tool_call_start) and bool(self.tool_call_end), "model.tool_call_start/tool_call_end", "non-empty markers",
                (self.tool_call_start, self.tool_call_end))
-        for key in ("$name", "$arguments"):
-            _check(key in self.call_template, "model.call_template", f"a template with {key}", self.call_template)
+        _check("$arguments" in self.call_template and ("$name" in self.call_template or "$function" in self.call_template),
+               "model.call_template", "a template with $arguments and $name (JSON) or $function (bare)", self.call_template)
         _check("$result" in self.tool_response_template, "model.tool_response_template", "a template with $result", self.tool_response_template)
+        _one_of("model.tool_call_ids", self.tool_call_ids, (None, "mistral"))
         for env in ("inline_math", "opd_coding"):
             _at_least(f"model.{env}.max_model_len", getattr(self, env).max_model_len, 16)
 
@@ -252,13 +278,23 @@ class EnvConfig:
 
     name: str = MISSING
     temperature: float = MISSING
-    top_p: float = MISSING
+    top_p: Optional[float] = MISSING
+    top_k: Optional[int] = MISSING
+    min_p: Optional[float] = MISSING
     eval_temperature: float = MISSING
 
     def __post_init__(self) -> None:
         _check(0 <= self.temperature <= 5, "env.temperature", "in [0, 5]", self.temperature)
-        _check(0 < self.top_p <= 1, "env.top_p", "in (0, 1]", self.top_p)
+        _check(self.top_p is None or 0 < self.top_p <= 1, "env.top_p", "null or in (0, 1]", self.top_p)
+        _check(self.top_k is None or self.top_k == -1 or self.top_k >= 1, "env.top_k", "null, -1 (off) or >= 1", self.top_k)
+        _check(self.min_p is None or 0 <= self.min_p <= 1, "env.min_p", "null or in [0, 1]", self.min_p)
         _check(0 <= self.eval_temperature <= 5, "env.eval_temperature", "in [0, 5]", self.eval_temperature)
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """top_p, top_k and min_p as request fields; a null one is not sent (the model's
+        generation_config.json decides it)."""
+        return {k: v for k, v in (("top_p", self.top_p), ("top_k", self.top_k), ("min_p", self.min_p)) if v is not None}
 
 
 @dataclass

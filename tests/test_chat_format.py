@@ -1,18 +1,25 @@
-"""Each model preset's format, end to end through both environments, with a tokenizer of the
-family's shape built in the test (tests/family_tokenizers.py; no hub): a tool call, a malformed
-call, a call after the answer, reasoning blocks, multi-turn exact tokens, and the start-up check.
-Calls are read by vLLM's own parsers (the preset's --tool-call-parser / --reasoning-parser)."""
+"""Each model preset's format, end to end through both environments, with the family's real
+tokenizer and official chat template (opd.fixture.families; no hub) against a scripted server
+answering in the family's real format: a tool call, a malformed call, a call after the answer,
+reasoning blocks and Harmony channels, multi-turn exact tokens, the judge and teacher scoring on
+the exact sampled ids, and the start-up check. Calls are read by vLLM's own parsers (the preset's
+--tool-call-parser / --reasoning-parser)."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from conftest import compose
-from family_tokenizers import FAMILIES, R1_STOCK, build_tokenizer
+from family_tokenizers import R1_STOCK
+from opd.fixture.families import tokenizer_dir
+from opd.serving.tokenizer import load_tokenizer
 from opd.agent.chat_format import ChatFormat, ChatFormatError, TurnParser, check
+from opd.agent.chat_tokens import holds_added_token, special_ids
 from opd.agent.tool_calls import ToolCall, ToolCallError
 from opd.config import ConfigError, validate
 from opd.data.sources import TaskSet
@@ -21,19 +28,19 @@ from opd.records import MASK, check_group
 from opd.serving.vllm_client import Generation
 from scripted import ScriptedClient, build_env
 
-FAMILY_NAMES = sorted(FAMILIES)
+FAMILY_NAMES = ["deepseek_r1_distill", "gpt_oss", "llama3", "mistral", "qwen2_5", "qwen3"]
 TASK = {"id": "t-add3", "task": "Write add_3(x) returning x + 3.", "test_code": "from solution import add_3\nassert add_3(1) == 4\n"}
 MATH = {"id": "m0", "problem": "What is 2 + 3?", "answer": "5"}
 
 
 @pytest.fixture(scope="module")
-def families(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, object, ChatFormat]]:
-    """Per family: its tokenizer's directory, the tokenizer, and its preset's format."""
+def families() -> dict[str, tuple[Path, object, ChatFormat]]:
+    """Per family: its real tokenizer's directory (tokenizer and official chat template from the
+    package registries, opd.fixture.families), the tokenizer, and its preset's format."""
     out = {}
     for name in FAMILY_NAMES:
-        directory = tmp_path_factory.mktemp(name)
-        tokenizer = build_tokenizer(name, directory)
-        out[name] = (directory, tokenizer, ChatFormat.from_config(validate(compose([f"model={name}"])).model))
+        directory = tokenizer_dir(name)
+        out[name] = (directory, load_tokenizer(str(directory)), ChatFormat.from_config(validate(compose([f"model={name}"])).model))
     return out
 
 
@@ -42,7 +49,7 @@ def vllm_like(tokenizer, replies: list[str]):
     token that completes it, whatever the tokenisation), else on the end of the reply, adding
     the end-of-turn token unless the reply already ends with a special token."""
     queue = list(replies)
-    specials = set(tokenizer.all_special_ids)
+    specials = special_ids(tokenizer)
 
     def generate(prompt_ids, *, max_tokens, stop=None) -> Generation:
         text = queue.pop(0)
@@ -87,24 +94,27 @@ def test_each_family_passes_the_start_up_check(families, family: str) -> None:
 def test_the_check_names_model_template_and_what_is_missing(families, tmp_path: Path) -> None:
     directory, qwen, _ = families["qwen2_5"]
     llama_fmt = families["llama3"][2]
-    with pytest.raises(ChatFormatError, match=r"model 'my-qwen'.*llama3_json format needs the tokens \['<\|eot_id\|>', '<\|eom_id\|>', '<\|python_tag\|>'\]"):
+    with pytest.raises(ChatFormatError, match=r"model 'my-qwen'.*llama3_json format needs the tokens \['<\|eot_id\|>', '<\|start_header_id\|>', '<\|end_header_id\|>'\]"):
         check(llama_fmt, qwen, coding_prompt.TOOLS, "my-qwen")
-    stock = build_tokenizer("deepseek_r1_distill", tmp_path / "r1", template=R1_STOCK)
-    r1_fmt = families["deepseek_r1_distill"][2]
+    # The R1 distills' official template ignores `tools` (it is on the hub only: a stand-in of its
+    # shape over the real tokenizer); the preset's own template (model.chat_template) renders them.
+    stock_dir = tmp_path / "r1"
+    shutil.copytree(families["deepseek_r1_distill"][0], stock_dir)
+    (stock_dir / "chat_template.jinja").write_text(R1_STOCK)
+    stock = load_tokenizer(str(stock_dir))
+    r1_fmt = replace(families["deepseek_r1_distill"][2], chat_template=None)
     with pytest.raises(ChatFormatError, match=r"model 'r1'.*chat template of .*r1 does not render the tools \['write_file', 'read_file', 'terminal', 'patch'\]"):
         check(r1_fmt, stock, coding_prompt.TOOLS, "r1")
     # model.chat_template replaces the stock template, here and in vLLM (--chat-template).
-    template = tmp_path / "r1_tools.jinja"
-    template.write_text(FAMILIES["deepseek_r1_distill"].template)
-    cfg = validate(compose(["model=deepseek_r1_distill", f"model.chat_template={template}"]))
+    cfg = validate(compose(["model=deepseek_r1_distill"]))
     check(ChatFormat.from_config(cfg.model), stock, coding_prompt.TOOLS, "r1")
-    assert cfg.server.chat_template == str(template)
+    assert cfg.server.chat_template == "conf/model/templates/deepseek_r1_distill.jinja"
     with pytest.raises(ChatFormatError, match="unknown_parser"):
         TurnParser(ChatFormat(tool_parser="unknown_parser"), qwen, coding_prompt.TOOLS)
     # The stock R1 template stops the environment before any generation.
     with pytest.raises(ChatFormatError, match="does not render the tools"):
         client = ScriptedClient(generate=vllm_like(stock, []))
-        cfg = validate(compose(["model=deepseek_r1_distill", "env=opd_coding", f"server.model={tmp_path / 'r1'}"]))
+        cfg = validate(compose(["model=deepseek_r1_distill", "model.chat_template=null", "env=opd_coding", f"server.model={tmp_path / 'r1'}"]))
         build_env(cfg, TaskSet(train=[TASK], eval=[], source="test"), str(tmp_path / "r1"), client)
     assert client.prompts == []
 
@@ -117,8 +127,11 @@ CALLS = {
     # R1's text starts inside <think> (the template opens it): a call comes after </think>.
     "deepseek_r1_distill": ('Ok.\n</think>\n\n<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n</tool_call>',
                             "Ok.\n</think>\n\n<tool_call>\n{'name': 'terminal'}\n</tool_call>"),
-    "llama3": ('{"name": "terminal", "parameters": {"command": "ls"}}<|eom_id|>', '{"name": "terminal", "parameters": {"command": "ls"}<|eom_id|>'),
-    "mistral": ('[TOOL_CALLS][{"name": "terminal", "arguments": {"command": "ls"}}]', '[TOOL_CALLS][{"name": "terminal", "arguments": {"command": }]'),
+    "llama3": ('{"name": "terminal", "parameters": {"command": "ls"}}<|eot_id|>', '{"name": "terminal", "parameters": {"command": "ls"}<|eot_id|>'),
+    "mistral": ('[TOOL_CALLS] [{"name": "terminal", "arguments": {"command": "ls"}}]', '[TOOL_CALLS] [{"name": "terminal", "arguments": {"command": }]'),
+    # Harmony: a call on the commentary channel, addressed to the function, ended by <|call|>.
+    "gpt_oss": ('<|channel|>analysis<|message|>List first.<|end|><|start|>assistant<|channel|>commentary to=functions.terminal <|constrain|>json<|message|>{"command": "ls"}<|call|>',
+                '<|channel|>commentary to=functions.terminal <|constrain|>json<|message|>{"command": }<|call|>'),
 }
 
 
@@ -127,11 +140,16 @@ def test_a_call_and_a_malformed_call_in_each_format(families, family: str) -> No
     _, tokenizer, fmt = families[family]
     parser = TurnParser(fmt, tokenizer, coding_prompt.TOOLS)
     good, bad = CALLS[family]
-    assert parser.parse(good).calls == [ToolCall("terminal", {"command": "ls"})]
+
+    def ids(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    assert parser.parse(good, ids(good)).calls == [ToolCall("terminal", {"command": "ls"})]
     # The call the preset shows the model (prompts, few-shots) is one its parser reads.
     thought = "Ok.\n</think>\n\n" if family == "deepseek_r1_distill" else ""
-    assert parser.parse(thought + fmt.call_text("terminal", {"command": "ls"})).calls == [ToolCall("terminal", {"command": "ls"})]
-    (error,) = parser.parse(bad).calls
+    shown = thought + fmt.call_text("terminal", {"command": "ls"})
+    assert parser.parse(shown, ids(shown)).calls == [ToolCall("terminal", {"command": "ls"})]
+    (error,) = parser.parse(bad, ids(bad)).calls
     assert isinstance(error, ToolCallError)
     assert parser.parse("The answer is 42.").calls == []
 
@@ -163,15 +181,17 @@ def test_reasoning_blocks_are_split_by_the_reasoning_parser(families) -> None:
 
 def _write(fmt: ChatFormat, family: str, content: str) -> str:
     text = fmt.call_text("write_file", {"path": "solution.py", "content": content})
-    return text.removesuffix("</s>")  # Mistral's end of message is its end-of-turn token, added by the server
+    return text.removesuffix("</s>").removesuffix("<|eot_id|>")  # an end-of-turn token: the server adds it
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_agent_turns_keep_exact_tokens_in_each_format(families, family: str) -> None:
     directory, tokenizer, fmt = families[family]
-    think = {"qwen3": "<think>\nPlan.\n</think>\n\n", "deepseek_r1_distill": "Plan.\n</think>\n\n"}.get(family, "")
+    think = {"qwen3": "<think>\nPlan.\n</think>\n\n", "deepseek_r1_distill": "Plan.\n</think>\n\n",
+             "gpt_oss": "<|channel|>analysis<|message|>Plan.<|end|><|start|>assistant"}.get(family, "")
     bad = CALLS[family][1].removeprefix("Ok.\n</think>\n\n")
-    replies = [think + _write(fmt, family, "def add_3(x):\n    return x + 3\n"), think + bad, think + "Done: add_3 is written."]
+    answer = "<|channel|>final<|message|>Done: add_3 is written.<|return|>" if family == "gpt_oss" else "Done: add_3 is written."
+    replies = [think + _write(fmt, family, "def add_3(x):\n    return x + 3\n"), think + bad, think + answer]
     env = env_for(families, family, "opd_coding", replies)
     group = collect(env, TASK)
     details, tokens, masks = group["overrides"][0], group["tokens"][0], group["masks"][0]
@@ -190,10 +210,28 @@ def test_agent_turns_keep_exact_tokens_in_each_format(families, family: str) -> 
     messages = group["messages"][0]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert "error" in messages[5]["content"] and "solution.py" in messages[3]["content"]
-    if family != "deepseek_r1_distill":  # R1's template renders history differently from the live turn
-        # The record decodes to the template's rendering of the whole conversation: nothing re-tokenised.
-        decoded = tokenizer.decode(tokens, skip_special_tokens=False)
-        assert fmt.render(tokenizer, messages, coding_prompt.TOOLS).startswith(decoded)
+    decoded = tokenizer.decode(tokens, skip_special_tokens=False)
+    rendered = fmt.render(tokenizer, messages, coding_prompt.TOOLS)
+    if family == "mistral":
+        # Mistral's template renders each call with the 9-character id the run gave it (and its
+        # result names that id); the record keeps the call as sampled, without it.
+        ids = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+        assert len(ids) == 2 and all(len(i) == 9 and i.isalnum() for i in ids)
+        assert [c["id"] for m in messages if m.get("tool_calls") for c in m["tool_calls"]] == ids
+        for call_id in ids:
+            rendered = rendered.replace(f', "id": "{call_id}"', "")
+        # A malformed call is rendered as a call to `invalid_tool_call` (its result is the error).
+        rendered = rendered.replace('[TOOL_CALLS] [{"name": "invalid_tool_call", "arguments": {}}]', bad)
+    if family == "gpt_oss":
+        # Harmony's template renders a call with the recipient in the header and drops the analysis
+        # of turns a final message follows: the record keeps the ids as sampled (a trainer needs
+        # them), and the messages carry the channels as the template's fields.
+        assert not rendered.startswith(decoded)
+        assert messages[2]["thinking"] == "Plan." and messages[2]["tool_calls"][0]["function"]["name"] == "write_file"
+        assert messages[6]["content"] == "Done: add_3 is written." and messages[6]["sampled"].startswith("<|channel|>analysis<|message|>Plan.")
+        return
+    # The record decodes to the template's rendering of the whole conversation: nothing re-tokenised.
+    assert rendered.startswith(decoded)
 
 
 def _sampled_spans(tokens: list[int], masks: list[int]):
@@ -218,11 +256,14 @@ INLINE = {
                 "<think>\n<tool_call>\n{'name': 'calculator'}\n</tool_call>"),
     "deepseek_r1_distill": ('I will compute 2 + 3.\n<tool_call>\n{"name": "calculator", "arguments": {"expr": "2 + 3"}}\n</tool_call>',
                             "<tool_call>\n{'name': 'calculator'}\n</tool_call>"),
-    "llama3": ('<think>\nI will compute 2 + 3.\n{"name": "calculator", "parameters": {"expr": "2 + 3"}}<|eom_id|>',
-               '<think>\n{"name": "calculator", "parameters": {"expr": }<|eom_id|>'),
-    "mistral": ('<think>\nI will compute 2 + 3.\n[TOOL_CALLS][{"name": "calculator", "arguments": {"expr": "2 + 3"}}]</s>',
-                '<think>\n[TOOL_CALLS][{"name": "calculator", "arguments": {"expr": }]</s>'),
+    "llama3": ('<think>\nI will compute 2 + 3.\n{"name": "calculator", "parameters": {"expr": "2 + 3"}}<|eot_id|>',
+               '<think>\n{"name": "calculator", "parameters": {"expr": }<|eot_id|>'),
+    "mistral": ('<think>\nI will compute 2 + 3.\n[TOOL_CALLS] [{"name": "calculator", "arguments": {"expr": "2 + 3"}}]</s>',
+                '<think>\n[TOOL_CALLS] [{"name": "calculator", "arguments": {"expr": }]</s>'),
+    "gpt_oss": ('<|channel|>analysis<|message|>I will compute 2 + 3.<|end|><|start|>assistant<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>{"expr": "2 + 3"}<|call|>',
+                '<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>{"expr": }<|call|>'),
 }
+HARMONY_ANSWER = "<|channel|>analysis<|message|>The tool gives 5.<|end|><|start|>assistant<|channel|>final<|message|>The answer is \\boxed{5}.<|return|>"
 ANSWER = "The tool gives 5.\n</think>\n\nThe answer is \\boxed{5}."
 
 
@@ -230,7 +271,8 @@ ANSWER = "The tool gives 5.\n</think>\n\nThe answer is \\boxed{5}."
 def test_inline_math_runs_calls_in_each_format(families, family: str) -> None:
     _, tokenizer, fmt = families[family]
     call, bad = INLINE[family]
-    env = env_for(families, family, "inline_math", [call, ANSWER])
+    answer = HARMONY_ANSWER if family == "gpt_oss" else ANSWER
+    env = env_for(families, family, "inline_math", [call, answer])
     group = collect(env, MATH)
     details = group["overrides"][0]
     assert (details["tool_calls"], details["tool_errors"], details["correct"], details["finish"]) == (1, 0, True, "eos")
@@ -243,12 +285,16 @@ def test_inline_math_runs_calls_in_each_format(families, family: str) -> None:
     # The marker ends the sampled segment however it is tokenised (bytes for R1, one token elsewhere).
     assert text.count(fmt.call_end) >= 1
     # A malformed call: an error result, and the rollout goes on to its answer.
-    env = env_for(families, family, "inline_math", [bad, ANSWER])
+    env = env_for(families, family, "inline_math", [bad, answer])
     details = collect(env, MATH)["overrides"][0]
     assert (details["tool_calls"], details["tool_errors"], details["correct"]) == (0, 1, True)
     # A call after the answer's </think>: the rollout ends there, a format violation.
     after = call.replace("<think>\n", "").replace("I will compute 2 + 3.\n", "Done.\n</think>\n\n\\boxed{5} ")
-    env = env_for(families, family, "inline_math", [after if family != "deepseek_r1_distill" else "Done.\n</think>\n\n\\boxed{5} " + call.split("\n", 1)[1]])
+    if family == "deepseek_r1_distill":
+        after = "Done.\n</think>\n\n\\boxed{5} " + call.split("\n", 1)[1]
+    if family == "gpt_oss":
+        after = "<|channel|>final<|message|>\\boxed{5}<|end|><|start|>assistant" + call.split("<|start|>assistant", 1)[1]
+    env = env_for(families, family, "inline_math", [after])
     details = collect(env, MATH)["overrides"][0]
     assert details["finish"] == "tool_after_think" and details["reward_signals"]["format_violation"] == 1.0
 
@@ -269,10 +315,11 @@ def test_an_unknown_parser_name_ends_the_run_before_any_group_is_written(tmp_pat
     from opd.runner import Runner, RunnerLimits
     from opd.sinks.jsonl import GroupFile
 
-    tokenizer = build_tokenizer("qwen2_5", tmp_path / "q")
-    cfg = validate(compose(["model=qwen2_5", "model.tool_call_parser=no_such_parser", "env=inline_math", "group_size=2", f"server.model={tmp_path / 'q'}"]))
+    directory = tokenizer_dir("qwen2_5")
+    tokenizer = load_tokenizer(str(directory))
+    cfg = validate(compose(["model=qwen2_5", "model.tool_call_parser=no_such_parser", "env=inline_math", "group_size=2", f"server.model={directory}"]))
     client = ScriptedClient(generate=vllm_like(tokenizer, ["<think>I add.</think> \\boxed{5}"] * 8))
-    env = build_env(cfg, TaskSet(train=[MATH], eval=[], source="test"), str(tmp_path / "q"), client)
+    env = build_env(cfg, TaskSet(train=[MATH], eval=[], source="test"), str(directory), client)
     out = tmp_path / "groups.jsonl"
 
     async def run() -> None:
@@ -304,3 +351,66 @@ def test_a_turn_with_more_calls_than_the_cap_runs_only_the_first_ones(families) 
         assert all(isinstance(c, ToolCall) for c in calls[:MAX_CALLS_PER_TURN])
         assert isinstance(calls[-1], ToolCallError) and "40 tool calls in one turn" in str(calls[-1])
     assert len(parser.parse(one * MAX_CALLS_PER_TURN).calls) == MAX_CALLS_PER_TURN
+
+
+# ---- OPD in each format: the judge, and the teacher scoring the exact sampled ids -----------
+
+HINT = "Run the tests after writing the file."
+
+
+def _prompt_rows(ids: list[int], k: int):
+    """Prompt-logprob rows as vLLM returns them (position 0 null; K entries keyed by token id when
+    the actual token is in the top K, else K+1 with it added), normalised by the client's own code.
+    The actual token is the likeliest on even positions and outside the top K on odd ones."""
+    from opd.serving.vllm_client import PromptScores, normalise_topk_rows
+
+    rows: list[dict | None] = [None]
+    for position, token in enumerate(ids[1:], start=1):
+        others = {(token + j) % 30000 + 1: {"logprob": -0.1 * (j + 1)} for j in range(1, k + 1)}
+        if position % 2 == 0:
+            rows.append({token: {"logprob": -0.05}, **dict(list(others.items())[: k - 1])})
+        else:
+            rows.append({**dict(list(others.items())[:k]), token: {"logprob": -9.0}})
+    top_ids, top_lps, actual = normalise_topk_rows(ids, rows, k)
+    return PromptScores(top_ids, top_lps, actual)
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_opd_scores_the_exact_sampled_ids_in_each_format(families, family: str) -> None:
+    """A turn with a next state is judged; the hinted teacher's prompt is the template's rendering
+    of the context with the hint, followed by exactly the ids the student sampled in that turn;
+    the teacher's rows land on those positions."""
+    from opd.distill.teacher import with_hint
+
+    directory, tokenizer, fmt = families[family]
+    think = {"qwen3": "<think>\nPlan.\n</think>\n\n", "deepseek_r1_distill": "Plan.\n</think>\n\n",
+             "gpt_oss": "<|channel|>analysis<|message|>Plan.<|end|><|start|>assistant"}.get(family, "")
+    answer = "<|channel|>final<|message|>Done.<|return|>" if family == "gpt_oss" else "Done."
+    replies = [think + _write(fmt, family, "def add_3(x):\n    return x + 3\n"), think + answer]
+    client = ScriptedClient(generate=vllm_like(tokenizer, replies), chat=lambda messages, n: [f"\\boxed{{1}}\n[HINT_START]{HINT}[HINT_END]"] * n,
+                            score=_prompt_rows)
+    cfg = validate(compose([f"model={family}", "env=opd_coding", "group_size=1", f"server.model={directory}", "judge_votes=1", "distill_topk=5"]))
+    env = build_env(cfg, TaskSet(train=[TASK], eval=[], source="test"), str(directory), client, max_attempts=1)
+    group = collect(env, TASK)
+    detail, tokens = group["overrides"][0], group["tokens"][0]
+    (turn,) = detail["opd_turns"]
+    assert turn["scored"] and turn["hint"] == HINT and turn["next_state_role"] == "tool"
+    start, end = turn["span"]
+    (scored,) = client.scored
+    assert scored[-(end - start):] == tokens[start:end]
+    context = group["messages"][0][: turn["message_index"]]
+    prefix = fmt.render_ids(tokenizer, with_hint(context, HINT, "last_user"), coding_prompt.TOOLS, add_generation_prompt=True)
+    assert scored == prefix + tokens[start:end]
+    # The teacher's rows land on the student's tokens: where the sampled token is in the teacher's
+    # top K it comes first, elsewhere it is outside the K kept; its own logprob is recorded either way.
+    for position in range(start, end):
+        row, lp = group["distill_token_ids"][0][position], detail["teacher_logprobs"][position]
+        assert len(row) == 5
+        if (len(scored) - (end - position)) % 2 == 0:
+            assert row[0] == tokens[position] and lp == -0.05
+        else:
+            assert tokens[position] not in row and lp == -9.0
+    # The judge's prompt goes to the server as text, which it tokenizes itself: the turn's markers
+    # (and any control-token text a program printed) reach it defused, never as control tokens.
+    judged = client.chats[0]["messages"][-1]["content"]
+    assert not holds_added_token(tokenizer, judged) and "solution.py" in judged

@@ -82,7 +82,7 @@ def test_wrong_types_and_unknown_keys_fail_at_composition(override: str, message
         (["reward.weights.tool_use=-0.1"], "reward.weights.tool_use must be >= 0"),
         (["reward.weights.correct=-2"], "reward.weights.correct must be > reward.weights.incorrect"),
         (["env.temperature=9"], "env.temperature must be in [0, 5]"),
-        (["env.top_p=0"], "env.top_p must be in (0, 1]"),
+        (["env.top_p=0"], "env.top_p must be null or in (0, 1]"),
         (["distill_topk=30", "server.max_logprobs=20"], "server.max_logprobs must be >= distill_topk (30), got 20"),
         (["server=vllm", "server.model=m", "server.base_urls=[]"], "server.base_urls must be a non-empty list"),
         (["server=vllm", "server.model=m", "server.base_urls=[localhost:8000]"], "server.base_urls must be http(s) URLs"),
@@ -292,8 +292,15 @@ def test_fixture_keeps_todays_budgets_and_real_presets_take_the_references() -> 
     coding = validate(compose(["env=opd_coding"]))
     assert (coding.env.max_turns, coding.env.max_tokens_per_turn, coding.judge.max_tokens) == (15, 512, 1024)
     qwen = validate(compose(["model=qwen3", "env=inline_math", "server.model=/m"]))
-    # The inline reference: 3 tool segments x 512 new tokens, 8,192 context, temperature 0.8.
-    assert (qwen.env.max_tool_calls, qwen.env.max_tokens_per_segment, qwen.server.max_model_len, qwen.env.temperature) == (3, 512, 8192, 0.8)
+    # The inline reference: 3 tool segments x 512 new tokens, 8,192 context; Qwen3 samples as its
+    # model card says (thinking mode), also when evaluating.
+    assert (qwen.env.max_tool_calls, qwen.env.max_tokens_per_segment, qwen.server.max_model_len) == (3, 512, 8192)
+    assert (qwen.env.temperature, qwen.env.sampling, qwen.env.eval_temperature) == (0.6, {"top_p": 0.95, "top_k": 20, "min_p": 0.0}, 0.6)
+    # A non-thinking preset keeps the reference's temperature and leaves the rest to the model's
+    # generation_config.json; it evaluates greedily.
+    llama = validate(compose(["model=llama3", "env=inline_math", "server.model=/m"]))
+    assert (llama.env.temperature, llama.env.sampling, llama.env.eval_temperature) == (0.8, {}, 0.0)
+    assert fixture.env.sampling == {"top_p": 1.0} and fixture.env.eval_temperature == 0.0
     assert qwen.model.chat_template_kwargs == {"enable_thinking": True} and qwen.server.reasoning_parser == "qwen3"
     # An env key still overrides the preset's value.
     assert validate(compose(["model=qwen3", "env=inline_math", "env.max_new_tokens=99"])).env.max_new_tokens == 99

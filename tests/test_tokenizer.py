@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from family_tokenizers import build_tokenizer
+from opd.fixture.families import tokenizer_dir
 from opd.serving.tokenizer import cache_file, load_tokenizer, remembered_class
 
 MESSAGES = [{"role": "system", "content": "Add."}, {"role": "user", "content": "What is 2 + 3? Ünïcode, tabs\tand  spaces."}]
@@ -45,7 +46,7 @@ def test_the_class_autotokenizer_picked_is_remembered_per_files(tmp_path: Path, 
 def test_changed_files_are_decided_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPD_CACHE_DIR", str(tmp_path / "cache"))
     model = tmp_path / "llama"
-    build_tokenizer("llama3", model)
+    shutil.copytree(tokenizer_dir("llama3"), model)
     load_tokenizer(str(model))
     assert remembered_class(str(model)) is not None
     config = model / "tokenizer_config.json"

@@ -23,8 +23,9 @@ from pathlib import Path
 from string import Template
 from typing import Any, Callable, Mapping
 
+from opd.agent.chat_tokens import encode_with_text_spans, render_ids
 from opd.agent.tool_calls import ToolCall, ToolCallError, parse_tool_call
-from opd.config import ConfigError
+from opd.config import ConfigError, project_path
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class ChatFormat:
     required_tokens: tuple[str, ...] = ("<tool_call>", "</tool_call>")
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     chat_template: str | None = None  # a template's text replacing the tokenizer's
+    tool_call_ids: str | None = None  # "mistral": calls and results carry 9-character ids
+    reasoning_end: str = "</think>"  # what ends the reasoning; the answer follows it
 
     @classmethod
     def from_config(cls, model: Any) -> "ChatFormat":
@@ -61,11 +64,12 @@ class ChatFormat:
         template = None
         if model.chat_template:
             try:
-                template = Path(model.chat_template).read_text(encoding="utf-8")
+                template = project_path(model.chat_template).read_text(encoding="utf-8")
             except OSError as err:
                 raise ChatFormatError(f"model.chat_template: cannot read {model.chat_template}: {err}") from None
         return cls(model.tool_call_parser, model.reasoning_parser, model.tool_call_start, model.tool_call_end, model.call_template,
-                   model.tool_response_template, tuple(model.required_tokens), dict(model.chat_template_kwargs), template)
+                   model.tool_response_template, tuple(model.required_tokens), dict(model.chat_template_kwargs), template,
+                   getattr(model, "tool_call_ids", None), getattr(model, "reasoning_end", "</think>"))
 
     @property
     def render_kwargs(self) -> dict[str, Any]:
@@ -80,7 +84,7 @@ class ChatFormat:
 
     def call_text(self, name: str, arguments: dict[str, Any]) -> str:
         """One call as the model is asked to write it."""
-        return Template(self.call_template).substitute(name=json.dumps(name), arguments=json.dumps(arguments))
+        return Template(self.call_template).substitute(name=json.dumps(name), function=name, arguments=json.dumps(arguments))
 
     def response_text(self, result: Any) -> str:
         """What inline_math inserts after a call (masked in the record)."""
@@ -89,6 +93,18 @@ class ChatFormat:
     def render(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None, add_generation_prompt: bool = False) -> str:
         """The chat template's text for `messages`, with this format's template arguments."""
         return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **self.render_kwargs)
+
+    def render_ids(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None, add_generation_prompt: bool = False) -> list[int]:
+        """`render` as ids, with system, user and tool contents tokenized as text (no control
+        token ever comes from them; `opd.agent.chat_tokens`)."""
+        return render_ids(tokenizer, messages, tools, add_generation_prompt, self.render_kwargs)
+
+    def response_ids(self, tokenizer: Any, result: Any) -> list[int]:
+        """`response_text(result)` as ids: the format's markers as tokens, the result as text."""
+        text = self.response_text(result)
+        body = json.dumps(result, ensure_ascii=False)
+        start = len(Template(self.response_template.partition("$result")[0]).safe_substitute())
+        return encode_with_text_spans(tokenizer, text, [(start, start + len(body))])
 
 
 @dataclass(frozen=True)
@@ -136,16 +152,19 @@ class TurnParser:
             reasoning, content, calls = None, text, None
         if calls:
             return ParsedTurn(reasoning, content, _capped([_to_call(c.name, c.arguments) for c in calls]))
+        if self.fmt.harmony:  # Harmony's parser reads the ids; it found no call
+            return ParsedTurn(reasoning, content, [ToolCallError("not a well-formed Harmony tool call")] if "<|call|>" in text else [])
         # Reasoning parsers that keep calls out of the reasoning leave them in the content.
         region = content if self.fmt.reasoning_parser else text
         return ParsedTurn(reasoning, content, self.calls(region or ""))
 
-    def calls(self, text: str) -> list[ToolCall | ToolCallError]:
+    def calls(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> list[ToolCall | ToolCallError]:
         """Every call in `text`, reasoning not separated: each call the format's parser reads, or,
-        when it reads none but a call starts, each piece from one call start to the next on its own."""
-        if self.fmt.call_start not in text:
+        when it reads none but a call starts, each piece from one call start to the next on its own.
+        (Harmony's parser reads the sampled `token_ids`, which it needs.)"""
+        if self.fmt.call_start not in text and not (self.fmt.harmony and "functions." in text):
             return []
-        found = self._parse_calls(text)
+        found = self._parse_calls(text, token_ids if self.fmt.harmony else ())
         if found:
             return _capped(found)
         pieces = text.split(self.fmt.call_start)[1:]
@@ -166,9 +185,9 @@ class TurnParser:
             return ToolCallError(f"{err} (a {self.fmt.tool_parser} tool call)")
         return ToolCallError(f"not a well-formed {self.fmt.tool_parser} tool call: {(self.fmt.call_start + piece)[:120]!r}")
 
-    def _parse_calls(self, text: str) -> list[ToolCall | ToolCallError]:
+    def _parse_calls(self, text: str, token_ids: list[int] | tuple[int, ...] = ()) -> list[ToolCall | ToolCallError]:
         try:
-            _, _, calls = self._calls_only.parse(text, self.request, enable_auto_tools=True)
+            _, _, calls = self._calls_only.parse(text, self.request, enable_auto_tools=True, model_output_token_ids=list(token_ids))
         except Exception as err:
             logger.debug("vLLM parser %s raised %s", self.fmt.tool_parser, err)
             return []
@@ -246,3 +265,32 @@ def check(fmt: ChatFormat, tokenizer: Any, tools: list[dict], model: str) -> Non
     if absent:
         raise ChatFormatError(f"model {model!r}: {template} does not render the tools {absent} (it ignores `tools=`); "
                               "give the model a template that renders tools, or choose another model preset")
+
+
+_HARMONY_END = ("<|end|>", "<|call|>", "<|return|>")
+
+
+def _harmony_channel(text: str, channel: str) -> str:
+    """The messages of one Harmony channel in a sampled turn, joined (their headers dropped)."""
+    parts = []
+    for piece in text.split(f"<|channel|>{channel}")[1:]:
+        body = piece.split("<|message|>", 1)[1] if "<|message|>" in piece else ""
+        for end in _HARMONY_END:
+            body = body.split(end, 1)[0]
+        parts.append(body)
+    return "\n".join(parts)
+
+
+def harmony_message(text: str, calls: list[ToolCall | ToolCallError]) -> dict[str, Any]:
+    """A sampled gpt-oss turn as the Harmony chat template takes it: the analysis channel as
+    `thinking`, the final channel as `content`, the first call as `tool_calls` (one per message)."""
+    message: dict[str, Any] = {"role": "assistant", "content": _harmony_channel(text, "final")}
+    thinking = _harmony_channel(text, "analysis")
+    if thinking:
+        message["thinking"] = thinking
+    first = next((c for c in calls if isinstance(c, ToolCall)), None)
+    if calls:
+        name, arguments = (first.name, first.arguments) if first is not None else ("invalid_tool_call", {})
+        message["tool_calls"] = [{"type": "function", "function": {"name": name, "arguments": arguments}}]
+        message["content"] = ""  # the template takes the analysis of a call from `thinking` only
+    return message

@@ -9,18 +9,19 @@ their result; the rollout goes on.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser
-from opd.agent.chat_tokens import continuation_ids
+from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser, harmony_message
+from opd.agent.chat_tokens import continuation_ids, mistral_call_id, special_ids
 from opd.agent.tool_calls import ToolCall, ToolCallError, run_parsed_call
 from opd.records import Sequence
 from opd.serving.vllm_client import Generation
 from opd.tools.registry import Toolbox
 from opd.tracking.traces import Tracer
 
-# (prompt ids, max_tokens=..., temperature=..., top_p=...) -> one sampled continuation
+# (prompt ids, max_tokens=..., temperature=...) -> one sampled continuation (the env adds its other sampling fields)
 Generate = Callable[..., Awaitable[Generation]]
 
 
@@ -67,7 +68,6 @@ async def run_agent(
     generate: Generate,
     limits: AgentLimits,
     temperature: float,
-    top_p: float = 1.0,
     tracer: Tracer | None = None,
     fmt: ChatFormat | None = None,
     parser: TurnParser | BackgroundParser | None = None,
@@ -78,28 +78,32 @@ async def run_agent(
     fmt = fmt or ChatFormat()
     tools = toolbox.schemas()
     parser = parser or TurnParser(fmt, tokenizer, tools)
-    prompt = fmt.render(tokenizer, messages, tools, add_generation_prompt=True)
-    rollout = AgentRollout(Sequence.from_prompt(tokenizer.encode(prompt, add_special_tokens=False)), list(messages))
+    rollout = AgentRollout(Sequence.from_prompt(fmt.render_ids(tokenizer, messages, tools, add_generation_prompt=True)), list(messages))
     for turn in range(limits.max_turns):
-        turn_ids = await _assistant_turn(rollout, tokenizer, generate, limits, temperature, top_p)
+        turn_ids = await _assistant_turn(rollout, tokenizer, generate, limits, temperature)
         if turn_ids is None:
             break
         ready = parser if isinstance(parser, TurnParser) else await parser.get()
         calls = ready.parse(rollout.messages[-1]["content"], turn_ids).calls
+        if fmt.harmony:  # the Harmony template takes channels and calls as fields, not as text
+            rollout.messages[-1] = {**harmony_message(rollout.messages[-1]["content"], calls), "sampled": rollout.messages[-1]["content"]}
         if not calls:
             rollout.finish = "answer"
             break
         tool_messages = [{"role": "tool", "content": r} for r in await _run_calls(rollout, toolbox, calls, tracer or Tracer.off())]
+        if fmt.tool_call_ids == "mistral":
+            _add_call_ids(rollout.messages[-1], calls, tool_messages)
         if turn == limits.max_turns - 1:
             rollout.messages += tool_messages
             rollout.finish = "max_turns"
             break
-        rollout.sequence.add_inserted(continuation_ids(tokenizer, rollout.messages, tool_messages, tools, fmt.render_kwargs))
+        end_token = tokenizer.convert_ids_to_tokens(turn_ids[-1])
+        rollout.sequence.add_inserted(continuation_ids(tokenizer, rollout.messages, tool_messages, tools, fmt.render_kwargs, end_token))
         rollout.messages += tool_messages
     return rollout
 
 
-async def _assistant_turn(rollout: AgentRollout, tokenizer: Any, generate: Generate, limits: AgentLimits, temperature: float, top_p: float) -> list[int] | None:
+async def _assistant_turn(rollout: AgentRollout, tokenizer: Any, generate: Generate, limits: AgentLimits, temperature: float) -> list[int] | None:
     """Generate one assistant turn into the rollout (its text becomes the last message); its
     sampled ids, or None when the rollout must end here (out of context, or cut off mid-turn with
     nothing to continue from). A turn ends on the end-of-turn token or another special token the
@@ -109,11 +113,11 @@ async def _assistant_turn(rollout: AgentRollout, tokenizer: Any, generate: Gener
     if budget <= 0:
         rollout.finish = "context"
         return None
-    gen = await generate(seq.tokens, max_tokens=budget, temperature=temperature, top_p=top_p)
+    gen = await generate(seq.tokens, max_tokens=budget, temperature=temperature)
     start = len(seq.tokens)
     seq.add_generated(gen.token_ids, gen.logprobs)
     ids = list(gen.token_ids)
-    ended = gen.finish_reason != "length" and bool(ids) and (ids[-1] == tokenizer.eos_token_id or ids[-1] in tokenizer.all_special_ids)
+    ended = gen.finish_reason != "length" and bool(ids) and (ids[-1] == tokenizer.eos_token_id or ids[-1] in special_ids(tokenizer))
     text = tokenizer.decode(ids[:-1] if ended else [t for t in ids if t != tokenizer.eos_token_id], skip_special_tokens=False)
     rollout.messages.append({"role": "assistant", "content": text})
     rollout.turns.append(TurnSpan(start, len(seq.tokens), len(rollout.messages) - 1))
@@ -121,6 +125,19 @@ async def _assistant_turn(rollout: AgentRollout, tokenizer: Any, generate: Gener
         rollout.finish = "max_tokens"
         return None
     return ids
+
+
+def _add_call_ids(assistant: dict[str, Any], calls: list[ToolCall | ToolCallError], results: list[dict[str, Any]]) -> None:
+    """Mistral's format: the turn's calls as `tool_calls` with 9-character ids, and each result
+    naming its call's id (its template and vLLM's parser expect them). The turn's sampled ids are
+    kept as they are: the template renders the call with its id, which the model did not write."""
+    entries = []
+    for call, result in zip(calls, results):
+        call_id = mistral_call_id()
+        name, arguments = (call.name, call.arguments) if isinstance(call, ToolCall) else ("invalid_tool_call", {})
+        entries.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+        result["tool_call_id"] = call_id
+    assistant["tool_calls"] = entries
 
 
 async def _run_calls(rollout: AgentRollout, toolbox: Toolbox, calls: list[ToolCall | ToolCallError], tracer: Tracer) -> list[str]:

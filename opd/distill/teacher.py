@@ -12,6 +12,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from opd.agent.chat_tokens import render_ids
 from opd.serving.vllm_client import PromptScores
 
 # The reference's header above the hint in the teacher's context (env.opd.hint_header).
@@ -51,8 +52,10 @@ async def score_turn(tokenizer: Any, context: list[dict[str, Any]], tools: list[
                      template_kwargs: dict[str, Any] | None = None, header: str = HINT_HEADER) -> TeacherRows:
     """The hinted teacher's rows on `turn_ids`: the context with the hint, rendered by the chat
     template (with the rollout's template arguments), then the student's exact ids."""
-    prompt = tokenizer.apply_chat_template(with_hint(context, hint, placement, header), tools=tools, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
-    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    # The hint, the task and the tool results are text: none of them can forge a control token.
+    hinted = with_hint(context, hint, placement, header)
+    system = [(i, hint.strip()) for i, m in enumerate(hinted) if m.get("role") == "system" and placement == "system"]
+    prompt_ids = render_ids(tokenizer, hinted, tools, True, template_kwargs, system[-1:])
     first = len(prompt_ids)
     result = await score(prompt_ids + list(turn_ids), top_k, first)
     ids, lps, sampled = result.top_ids[first:], result.top_logprobs[first:], result.token_logprobs[first:]

@@ -51,9 +51,14 @@ def turn_pairs(rollout: AgentRollout, max_state_chars: int, max_response_chars: 
             TurnPair(
                 span=span,
                 context=messages[: span.message_index],
-                response_text=_cut(str(messages[span.message_index]["content"]), max_response_chars, response_cut),
+                response_text=_cut(_turn_text(messages[span.message_index]), max_response_chars, response_cut),
                 next_state_text=_cut(state, max_state_chars),
                 next_state_role=following[0]["role"],
             )
         )
     return pairs
+
+
+def _turn_text(message: dict[str, Any]) -> str:
+    """An assistant turn as the model wrote it (a Harmony turn's sampled text, kept beside its fields)."""
+    return str(message.get("sampled") or message.get("content") or "")

@@ -67,7 +67,7 @@ class OPDBaseEnv:
     """An environment over a `ServerPool`; see the module docstring."""
 
     def __init__(self, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
-                 seed: int, tracer: Tracer, temperature: float, top_p: float, eval_temperature: float, chat_format: ChatFormat,
+                 seed: int, tracer: Tracer, temperature: float, sampling: dict[str, Any], eval_temperature: float, chat_format: ChatFormat,
                  tools: list[dict[str, Any]], drop_equal_scores: bool = False, tokenizer: Any = None) -> None:
         # Requests go through our pool (slots, retries). `tokenizer`: one already loaded (atroposlib's).
         self.server = pool
@@ -76,7 +76,8 @@ class OPDBaseEnv:
         self.group_size = group_size
         self.max_model_len = max_model_len
         self.tracer = tracer
-        self.temperature, self.top_p, self.eval_temperature = temperature, top_p, eval_temperature
+        # `sampling`: top_p / top_k / min_p sent with every generation (absent ones: the model's defaults).
+        self.temperature, self.sampling, self.eval_temperature = temperature, dict(sampling), eval_temperature
         self.drop_equal_scores = drop_equal_scores
         self.rng = random.Random(seed)
         # The model's format; the start-up check stops here, naming what is missing, when the
@@ -143,15 +144,16 @@ class OPDBaseEnv:
             advantages=None,
             ref_logprobs=None,
             messages=messages,
-            generation_params={"temperature": self.temperature, "top_p": self.top_p, **generation_params},
+            generation_params={"temperature": self.temperature, **self.sampling, **generation_params},
             group_overrides={"item_id": item["id"], **(group_overrides or {})},
             overrides=details,
         )
 
-    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float = 1.0, stop: list[str] | None = None) -> Generation:
-        """Sample one continuation of `prompt_ids` (a model-call span when tracing)."""
+    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, stop: list[str] | None = None) -> Generation:
+        """Sample one continuation of `prompt_ids` at `temperature` with the env's other sampling
+        fields (a model-call span when tracing)."""
         with self.tracer.span("generate", "LLM", {"prompt_tokens": len(prompt_ids), "max_tokens": max_tokens, "temperature": temperature, "stop": stop}) as span:
-            (gen,) = await self.server.generate(prompt_ids, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop)
+            (gen,) = await self.server.generate(prompt_ids, max_tokens=max_tokens, temperature=temperature, stop=stop, **self.sampling)
             if span.active:
                 span.outputs({"text": self.tokenizer.decode(gen.token_ids), "tokens": len(gen.token_ids), "finish_reason": gen.finish_reason})
         return gen

@@ -17,9 +17,11 @@ the inserted tool responses are masked (-100) and carry no logprob. Generation i
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from opd.agent.chat_tokens import holds_added_token
 from opd.agent.tool_calls import ToolCallError, run_parsed_call
 from opd.config import InlineMathEnvConfig, InlineMathRewardConfig
 from opd.envs import math_prompt
@@ -50,6 +52,7 @@ class Rollout:
     finish: str = "eos"  # eos | max_new_tokens | context | tool_after_think
     generated_tokens: int = 0
     verify_timed_out: bool = False  # math-verify ran out of time on the answer (not verified)
+    inserted_control_text: bool = False  # a tool's output held a control token's text (never a few-shot)
 
 
 class InlineMathEnv(OPDBaseEnv):
@@ -58,7 +61,7 @@ class InlineMathEnv(OPDBaseEnv):
     name = "inline_math"
 
     def __init__(self, cfg: InlineMathEnvConfig, reward: InlineMathRewardConfig, **common: Any) -> None:
-        super().__init__(temperature=cfg.temperature, top_p=cfg.top_p, eval_temperature=cfg.eval_temperature, tools=math_prompt.TOOLS, **common)
+        super().__init__(temperature=cfg.temperature, sampling=cfg.sampling, eval_temperature=cfg.eval_temperature, tools=math_prompt.TOOLS, **common)
         self.cfg = cfg
         self.reward_cfg = reward
         self.rubric = Rubric(rewards.SIGNALS, reward.weights)
@@ -76,8 +79,7 @@ class InlineMathEnv(OPDBaseEnv):
         if use_pool and self.cfg.dynamic_shots and self.dynamic_pool:
             shots += self.dynamic_pool[-self.cfg.dynamic_shots :]
         messages = math_prompt.build_messages(problem + self.cfg.problem_suffix, shots, self.system_prompt)
-        text = self.chat_format.render(self.tokenizer, messages, self.toolbox.schemas(), add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.chat_format.render_ids(self.tokenizer, messages, self.toolbox.schemas(), add_generation_prompt=True)
 
     # ---- one rollout -----------------------------------------------------------------------
 
@@ -86,8 +88,9 @@ class InlineMathEnv(OPDBaseEnv):
         rollout = Rollout(Sequence.from_prompt(prompt_ids))
         end = self.chat_format.call_end
         since = 0  # where the text after the last inserted tool response starts
+        since_id = len(prompt_ids)  # and its ids
         while (budget := self._budget(rollout)) > 0:
-            gen = await self.generate(rollout.sequence.tokens, max_tokens=budget, temperature=temperature, top_p=self.top_p, stop=[end])
+            gen = await self.generate(rollout.sequence.tokens, max_tokens=budget, temperature=temperature, stop=[end])
             before = len(rollout.text)
             rollout.sequence.add_generated(gen.token_ids, gen.logprobs)
             rollout.generated_tokens += len(gen.token_ids)
@@ -102,15 +105,15 @@ class InlineMathEnv(OPDBaseEnv):
                 rollout.finish = "eos"
                 return rollout
             segment = rollout.text[since:]
-            calls = (await self.parser.get()).calls(segment)
+            calls = (await self.parser.get()).calls(segment, rollout.sequence.tokens[since_id:])
             if not calls and gen.token_ids and gen.token_ids[-1] == self.tokenizer.eos_token_id:
                 rollout.finish = "eos"  # the marker is the end of the message (Mistral's </s>) and no call came
                 return rollout
-            if "</think>" in rollout.written:
+            if self.chat_format.reasoning_end in rollout.written:
                 rollout.finish = "tool_after_think"
                 return rollout
             await self._answer_call(rollout, calls[-1] if calls else ToolCallError(f"{end} without {self.chat_format.call_start}"))
-            since = len(rollout.text)
+            since, since_id = len(rollout.text), len(rollout.sequence.tokens)
         rollout.finish = "max_new_tokens" if rollout.generated_tokens >= self.cfg.max_new_tokens else "context"
         return rollout
 
@@ -127,14 +130,17 @@ class InlineMathEnv(OPDBaseEnv):
         rollout.tool_errors += outcome.status != "ok"
         shown = outcome.content if outcome.content is not None else {"error": outcome.error}
         response = self.chat_format.response_text(shown)
-        rollout.sequence.add_inserted(self.tokenizer.encode(response, add_special_tokens=False))
+        # The tool's output is text: a program that prints a control token's text gets ordinary tokens.
+        rollout.sequence.add_inserted(self.chat_format.response_ids(self.tokenizer, shown))
+        rollout.inserted_control_text |= holds_added_token(self.tokenizer, json.dumps(shown, ensure_ascii=False))
         rollout.text += response
         rollout.written += "\n"
 
     async def score(self, rollout: Rollout, answer: str) -> Scored:
-        correct = await rewards.check_answer(rollout.written, answer, self.verifier, self.reward_cfg.max_answer_chars)
+        end = self.chat_format.reasoning_end
+        correct = await rewards.check_answer(rollout.written, answer, self.verifier, self.reward_cfg.max_answer_chars, end)
         rollout.verify_timed_out = correct is None
-        scored = self.rubric.score(rewards.MathOutcome(rollout.written, rollout.tool_calls_run, bool(correct), self.tool_markers))
+        scored = self.rubric.score(rewards.MathOutcome(rollout.written, rollout.tool_calls_run, bool(correct), self.tool_markers, end))
         if self.reward_cfg.format_penalty == "flat" and scored.signals["format_violation"]:
             return Scored(self.reward_cfg.flat_format_score, scored.signals)
         return scored
@@ -169,10 +175,10 @@ class InlineMathEnv(OPDBaseEnv):
 
     def _grow_pool(self, problem: str, rollouts: list[Rollout], scored: list[Scored]) -> None:
         """Keep one correct, well-formed rollout that used a tool as a future few-shot example."""
-        if self.cfg.dynamic_pool_size == 0:
+        if self.cfg.dynamic_pool_size == 0 or self.chat_format.harmony:  # a Harmony turn's channels are not message text
             return
         for rollout, result in zip(rollouts, scored):
-            if result.signals["correct"] and rollout.tool_calls_run > 0 and not result.signals["format_violation"]:
+            if result.signals["correct"] and rollout.tool_calls_run > 0 and not result.signals["format_violation"] and not rollout.inserted_control_text:
                 self.dynamic_pool.append((problem, rollout.text))
                 del self.dynamic_pool[: -self.cfg.dynamic_pool_size]
                 break

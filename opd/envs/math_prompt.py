@@ -34,8 +34,14 @@ def system_prompt(fmt: ChatFormat, tool_instruction: bool = False) -> str:
     protocol with the family's own call shown."""
     if fmt.call_template == ChatFormat().call_template and fmt.response_template == ChatFormat().response_template:
         text = SYSTEM_PROMPT
+    elif fmt.harmony:
+        text = ("You solve math problems. Reason step by step in your analysis channel; while reasoning you may call the "
+                "calculator or python_interpreter function, and its result comes back. Then state the final answer in your "
+                "final channel as \\boxed{...}.")
     else:
-        example = fmt.call_text("calculator", {"expr": "2 * 21"})
+        # Shown as text in the system message: without an end-of-turn marker the server adds (Llama's
+        # <|eot_id|>, Mistral's </s>), which would end the system message there.
+        example = fmt.call_text("calculator", {"expr": "2 * 21"}).removesuffix("<|eot_id|>").removesuffix("</s>")
         text = ("You solve math problems. Think step by step inside <think> and </think>. While thinking you may call a "
                 f"tool, written exactly like this: {example} Its result comes back and you keep thinking. After </think>, "
                 "state the final answer as \\boxed{...}.")
@@ -44,7 +50,9 @@ def system_prompt(fmt: ChatFormat, tool_instruction: bool = False) -> str:
 
 def few_shots(fmt: ChatFormat) -> list[tuple[str, str]]:
     """The static few-shot examples with `fmt`'s call and response text (the fixture's FEW_SHOTS
-    for the Hermes format)."""
+    for the Hermes format; none for Harmony, whose template takes channels as fields, not text)."""
+    if fmt.harmony:
+        return []
     out = []
     for (user, _), (thought, name, arguments, result, answer) in zip(FEW_SHOTS, _SHOTS):
         out.append((user, f"<think>\n{thought}\n{fmt.call_text(name, arguments)}{fmt.response_text(result)}"

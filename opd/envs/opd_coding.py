@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from opd.agent.chat_tokens import defuse
 from opd.agent.loop import AgentLimits, AgentRollout, run_agent
 from opd.config import ConfigError, JudgeConfig, OPDCodingEnvConfig, OPDCodingRewardConfig
 from opd.distill.pipeline import FailureLog, apply_opd
@@ -39,7 +40,7 @@ class OPDCodingEnv(OPDBaseEnv):
     name = "opd_coding"
 
     def __init__(self, cfg: OPDCodingEnvConfig, reward: OPDCodingRewardConfig, judge: JudgeConfig, judge_pool: ServerPool | None = None, **common: Any) -> None:
-        super().__init__(temperature=cfg.temperature, top_p=cfg.top_p, eval_temperature=cfg.eval_temperature, tools=coding_prompt.TOOLS, **common)
+        super().__init__(temperature=cfg.temperature, sampling=cfg.sampling, eval_temperature=cfg.eval_temperature, tools=coding_prompt.TOOLS, **common)
         self.cfg, self.reward_cfg, self.judge_cfg = cfg, reward, judge
         self.rubric = Rubric(rewards.SIGNALS, reward.weights, params=reward)
         self.system_prompt = cfg.system_prompt or coding_prompt.SYSTEM_PROMPT
@@ -72,6 +73,9 @@ class OPDCodingEnv(OPDBaseEnv):
         """`n` vote replies; None for a vote whose request failed. Raises only when every vote failed."""
         # The policy judging itself gets the preset's template arguments (thinking on or off).
         extra = {"chat_template_kwargs": dict(self.chat_format.template_kwargs)} if self.judge_pool is self.server and self.chat_format.template_kwargs else {}
+        # The server tokenizes the judge's prompt itself: a turn or a tool's output that holds a
+        # control token's text must not become that token there.
+        messages = [{**m, "content": defuse(self.tokenizer, m["content"])} if isinstance(m.get("content"), str) else m for m in messages]
 
         async def one(count: int) -> list[ChatReply | None]:
             with self.tracer.span("judge", "LLM", {"messages": messages, "votes": count}) as span:
@@ -108,7 +112,6 @@ class OPDCodingEnv(OPDBaseEnv):
                 generate=self.generate,
                 limits=self.limits,
                 temperature=temperature,
-                top_p=self.top_p,
                 tracer=self.tracer,
                 fmt=self.chat_format,
                 parser=self.parser,

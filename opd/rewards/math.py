@@ -29,6 +29,8 @@ class MathOutcome:
     answer_correct: bool  # the final answer verified against the reference
     # Text that marks tool use after </think> (the format's call start and response marker).
     tool_markers: tuple[str, ...] = ("<tool_call>", "<tool_response>")
+    # Text that ends the reasoning; the answer follows it (gpt-oss: its final channel).
+    reasoning_end: str = "</think>"
 
 
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?")
@@ -41,11 +43,11 @@ def normalise(answer: str) -> str:
     return answer.replace(",", "") if _THOUSANDS.fullmatch(answer) else answer
 
 
-async def check_answer(text: str, reference: str, verifier: Verifier, max_chars: int) -> bool | None:
+async def check_answer(text: str, reference: str, verifier: Verifier, max_chars: int, reasoning_end: str = "</think>") -> bool | None:
     """Does the last `\\boxed{}` after `</think>` match `reference`? Equal after `normalise`, or
     equivalent by math-verify (`0.5` = `\\frac{1}{2}`) in the verifier's workers. Answers longer
     than `max_chars` are refused (False); None when math-verify timed out (not verified)."""
-    predicted = final_answer(text)
+    predicted = final_answer(text, reasoning_end)
     if predicted is None or not predicted.strip() or len(predicted) > max_chars:
         return False
     if normalise(predicted) == normalise(reference):
@@ -73,7 +75,7 @@ def tool_use(outcome: MathOutcome, params: object = None) -> float:
 
 @SIGNALS.add
 def format_violation(outcome: MathOutcome, params: object = None) -> float:
-    end = outcome.text.find("</think>")
+    end = outcome.text.find(outcome.reasoning_end)
     if end == -1:
         return 1.0
     after = outcome.text[end:]

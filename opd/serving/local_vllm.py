@@ -1,7 +1,10 @@
 """Run vLLM's OpenAI server as a child process for the length of a run.
 
 The server listens on a free loopback port; its log and caches go to a folder of the run (never
-~/.cache), its IPC sockets to a short private temporary directory removed when it stops. `LocalVLLM` is a context manager that always stops the process
+~/.cache), its IPC sockets to a short private temporary directory removed when it stops. The
+user's hub settings (HF_HUB_OFFLINE, HF_HOME, HF_TOKEN) pass through unchanged, and the model's own
+generation_config.json gives the sampling defaults a request does not set (vLLM's
+`--generation-config auto`). `LocalVLLM` is a context manager that always stops the process
 (normal end, exception, Ctrl-C), killing its whole process group if it does not exit in time.
 """
 
@@ -22,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from opd.config import LocalServerConfig
+from opd.config import LocalServerConfig, project_path
 
 logger = logging.getLogger(__name__)
 
@@ -112,13 +115,12 @@ class LocalVLLM:
             "--max-model-len", str(s.max_model_len),
             "--max-logprobs", str(s.max_logprobs),
             "--seed", str(self.seed),
-            "--generation-config", "vllm",
             "--disable-uvicorn-access-log",
         ]
         if s.tool_call_parser:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
         if s.chat_template:
-            cmd += ["--chat-template", str(Path(s.chat_template).resolve())]
+            cmd += ["--chat-template", str(project_path(s.chat_template).resolve())]
         if s.reasoning_parser:
             cmd += ["--reasoning-parser", s.reasoning_parser]
         if s.enforce_eager:
@@ -135,7 +137,6 @@ class LocalVLLM:
                 # must fit in 107 bytes, which a deep run directory exceeds); removed at stop.
                 "VLLM_RPC_BASE_PATH": self.scratch,
                 "TMPDIR": self.scratch,
-                "HF_HUB_OFFLINE": env.get("HF_HUB_OFFLINE", "1"),
                 "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1",
                 **self.settings.environment,

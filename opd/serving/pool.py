@@ -31,8 +31,8 @@ class InferenceClient(Protocol):
     base_url: str
     request_errors: int
 
-    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float = 1.0,
-                       stop: list[str] | None = None, n: int = 1) -> list[Generation]: ...
+    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float | None = None,
+                       top_k: int | None = None, min_p: float | None = None, stop: list[str] | None = None, n: int = 1) -> list[Generation]: ...
 
     async def score(self, prompt_ids: list[int], top_k: int, rows_from: int = 0) -> PromptScores: ...
 

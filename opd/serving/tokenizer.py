@@ -1,5 +1,12 @@
-"""The model's Hugging Face tokenizer, the one `AutoTokenizer` (and so vLLM's server) loads,
+"""The model's Hugging Face tokenizer: the one `AutoTokenizer` (and so vLLM's server) loads,
+unless that one's ids differ from the model's own `tokenizer.json` (then the files as written),
 without `AutoTokenizer`'s start-up cost after the first time.
+
+The class `AutoTokenizer` picks can tokenize differently from the `tokenizer.json` the model was
+released with: with transformers 5, the DeepSeek-R1 distills' files name `LlamaTokenizerFast`, and
+the Llama class rebuilds its own pre-tokenizer ("Who are you?" -> [15191, 546, 9330, 30] instead
+of [15191, 525, 498, 30]). So the ids of a few probe strings are compared with
+`PreTrainedTokenizerFast` (the `tokenizer.json` as written); where they differ, that class is used.
 
 `AutoTokenizer` imports transformers' model registry, which imports torch and scikit-learn: about
 4 s before the first prompt can be built. Which class it picks is not simply the one that
@@ -92,8 +99,14 @@ def _class_for(key: str | None) -> type | None:
     return found if isinstance(found, type) and hasattr(found, "from_pretrained") else None
 
 
+# Text whose ids tell a tokenizer that rebuilt its pre-tokenizer from the one its files describe.
+PROBES = ("Who are you?", "def f(x):\n    return x  + 1\n\n", "héllo wörld 12345 ...!!", "  leading spaces\tand\ttabs")
+
+
 def load_tokenizer(name_or_path: str) -> Any:
-    """The tokenizer of `name_or_path` (a local directory or a hub name), as `AutoTokenizer` loads it."""
+    """The tokenizer of `name_or_path` (a local directory or a hub name): `AutoTokenizer`'s, or
+    `PreTrainedTokenizerFast` where `AutoTokenizer`'s class gives other ids than the files' own
+    `tokenizer.json` (see the module docstring)."""
     key = _key(Path(name_or_path))
     cls = _class_for(key)
     if cls is not None:
@@ -101,8 +114,25 @@ def load_tokenizer(name_or_path: str) -> Any:
     import transformers
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    tokenizer = as_written(name_or_path, AutoTokenizer.from_pretrained(name_or_path))
     # Only a class transformers exports under its own name can be loaded directly next time.
     if key is not None and getattr(transformers, type(tokenizer).__name__, None) is type(tokenizer):
         _remember(key, type(tokenizer).__name__)
     return tokenizer
+
+
+def as_written(name_or_path: str, tokenizer: Any) -> Any:
+    """`tokenizer`, or the files' `tokenizer.json` loaded as written when its ids differ."""
+    from transformers import PreTrainedTokenizerFast
+
+    if isinstance(tokenizer, PreTrainedTokenizerFast) and type(tokenizer).__name__ in ("PreTrainedTokenizerFast", "TokenizersBackend"):
+        return tokenizer
+    try:
+        written = PreTrainedTokenizerFast.from_pretrained(name_or_path)
+    except (OSError, ValueError, TypeError):  # no tokenizer.json (a sentencepiece-only model): nothing to compare
+        return tokenizer
+    if all(written.encode(p, add_special_tokens=False) == tokenizer.encode(p, add_special_tokens=False) for p in PROBES):
+        return tokenizer
+    logger.warning("%s: %s tokenizes differently from the model's tokenizer.json; using the tokenizer.json as written "
+                   "(PreTrainedTokenizerFast)", name_or_path, type(tokenizer).__name__)
+    return written

@@ -219,13 +219,15 @@ class VLLMClient:
             self.request_errors += 1
             raise ServerRequestError(f"POST {url} answered with a body that is not JSON: {err}; {raw[:200]!r}") from None
 
-    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float = 1.0,
-                       stop: list[str] | None = None, n: int = 1) -> list[Generation]:
-        """`n` continuations of `prompt_ids`, in choice order."""
+    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float | None = None,
+                       top_k: int | None = None, min_p: float | None = None, stop: list[str] | None = None, n: int = 1) -> list[Generation]:
+        """`n` continuations of `prompt_ids`, in choice order. A sampling field left None is not
+        sent: the server's default for the model (its generation_config.json) applies."""
         payload: dict[str, Any] = {
             "model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens, "temperature": temperature,
-            "top_p": top_p, "n": n, "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
+            "n": n, "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
         }
+        payload.update({k: v for k, v in (("top_p", top_p), ("top_k", top_k), ("min_p", min_p)) if v is not None})
         if stop:
             payload["stop"] = stop
         answer: _GenerationAnswer = await self._post("/completions", payload, _GenerationAnswer)

@@ -1,0 +1,67 @@
+"""Every real-model preset, both environments, through real vLLM on a CPU: a tiny random-weight
+model of the family's real architecture with its real tokenizer and chat template
+(opd.fixture.families), served by vLLM started with exactly the preset's arguments (parsers,
+reasoning parser, chat template, --max-logprobs; the opd_coding context length, which covers
+inline_math's). Random weights write noise: it must come back as valid records (noise counted as
+format violations, never a crash). One server per preset serves both environments; qwen2_5 and
+qwen2_5_coder share one (their server arguments are the same)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from conftest import compose
+from opd.records import check_group, read_groups
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+# preset -> the family whose tiny model it serves.
+PRESETS = {"qwen3": "qwen3", "qwen2_5": "qwen2_5", "qwen2_5_coder": "qwen2_5", "llama3": "llama3", "mistral": "mistral",
+           "deepseek_r1_distill": "deepseek_r1_distill", "gpt_oss": "gpt_oss"}
+# Per-turn budgets cut for time on 2 CPU cores (the server keeps the preset's context length).
+BUDGETS = {"opd_coding": ["env.max_tokens_per_turn=192", "env.max_turns=3"],
+           "inline_math": ["env.max_tokens_per_segment=96", "env.max_new_tokens=192"]}
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen2_5", "llama3", "mistral", "deepseek_r1_distill", "gpt_oss"])
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """(family, its tiny model's directory, the URL of vLLM serving it with the preset's arguments)."""
+    from opd.config import validate
+    from opd.fixture.families import build_model
+    from opd.serving.local_vllm import LocalVLLM
+
+    family = request.param
+    model = str(build_model(family, tmp_path_factory.mktemp(f"{family}-model")))
+    settings = validate(compose([f"model={family}", "env=opd_coding", f"server.model={model}", "server.startup_timeout_s=600"])).server
+    with LocalVLLM(settings, model, tmp_path_factory.mktemp(f"{family}-vllm")) as server:
+        yield family, model, server.base_url
+
+
+def _run(tmp_path: Path, preset: str, env: str, model: str, url: str) -> list[dict]:
+    from experiments.launch import launch
+
+    out = tmp_path / f"{preset}-{env}"
+    launch(compose([f"model={preset}", f"env={env}", "server=vllm", f"server.model={model}", f"server.base_urls=[{url}]",
+                    "total_steps=2", "group_size=2", "judge_votes=1", f"output_dir={out}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+                    f"tracking.artifact_root={tmp_path / 'mlruns'}", "runner.progress=false", *BUDGETS[env]]))
+    return list(read_groups(out / "groups.jsonl"))
+
+
+@pytest.mark.parametrize("env", ["inline_math", "opd_coding"])
+def test_each_preset_writes_valid_records_through_vllm(served, env: str, tmp_path: Path) -> None:
+    family, model, url = served
+    for preset in [p for p, f in PRESETS.items() if f == family]:
+        groups = _run(tmp_path, preset, env, model, url)
+        assert len(groups) == 2, preset
+        for group in groups:
+            assert check_group(group) == [], preset
+            # Every rollout generated something, as vLLM sampled it (ids with their logprobs).
+            for detail, masks, logprobs in zip(group["overrides"], group["masks"], group["inference_logprobs"]):
+                assert detail["generated_tokens"] > 0
+                assert sum(m != -100 for m in masks) == sum(lp != 1.0 for lp in logprobs) > 0
+            if env == "inline_math":
+                # Noise is a format violation, scored as the flat penalty, never a crash.
+                assert all(d["reward_signals"]["format_violation"] in (0.0, 1.0) for d in group["overrides"])
