@@ -242,9 +242,9 @@ BAD_RUNS = [
     (["distill_topk=10000"], "distill_topk must be <= the model's vocabulary (4096 tokens"),
     (["server.max_logprobs=5000"], "server.max_logprobs must be <= the model's vocabulary (4096 tokens"),
     # Running servers that were never up: within seconds, not after server.unreachable_timeout_s.
-    (["server=vllm", "server.model=m", "server.base_urls=[http://127.0.0.1:9/v1]"], "server.base_urls: nothing answers at http://127.0.0.1:9/v1"),
-    (["server=vllm", "server.model=m", "server.base_urls=[http://no-such-host.invalid:8000/v1]"], "server.base_urls: nothing answers at"),
-    (["env=opd_coding", "judge=server", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=j", "server=vllm", "server.model=m",
+    (["server=vllm", "server.model=fixture", "server.base_urls=[http://127.0.0.1:9/v1]"], "server.base_urls: nothing answers at http://127.0.0.1:9/v1"),
+    (["server=vllm", "server.model=fixture", "server.base_urls=[http://no-such-host.invalid:8000/v1]"], "server.base_urls: nothing answers at"),
+    (["env=opd_coding", "judge=server", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=j", "server=vllm", "server.model=fixture",
       "server.base_urls=[http://127.0.0.1:9/v1]", "server.unreachable_timeout_s=300"], "server.base_urls: nothing answers"),
 ]
 
