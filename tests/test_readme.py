@@ -52,12 +52,12 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m experiments.bench loop": ("help", "a closed-loop iteration: minutes"),
     "python -m experiments.launch dataset=math_local dataset.path=/data/problems.jsonl dataset.prompt_field=question": ("run", "on a file of questions"),
     "python -m experiments.launch reward.weights.tool_use=0.5 env.max_tool_calls=5": ("run", ""),
-    "python -m experiments.launch model=qwen3 server=vllm server.model=Qwen/Qwen3-4B server.base_urls=[http://gpu-host:8000/v1]": ("fails", "server.base_urls"),
+    "python -m experiments.launch model=qwen3 server=vllm server.model=Qwen/Qwen3-4B server.base_urls=[http://gpu-host:8000/v1]": ("fails", "server.model"),
     "python -m experiments.launch model=qwen3 server.model=Qwen/Qwen3-4B": ("compose", "a GPU and the hub"),
     "python -m experiments.launch --cfg job --resolve": ("run", "prints every value"),
     "OPD_INFERENCE=gpu scripts/install.sh": ("syntax", "the CUDA build needs a GPU machine"),
     "python -m experiments.launch model=qwen3 server.model=/path/or/hub-name env=opd_coding": ("compose", "a GPU and a real model"),
-    "python -m experiments.launch model=qwen3 server=vllm server.model=Qwen/Qwen3-4B server.base_urls=[http://a:8000/v1,http://b:8000/v1]": ("fails", "server.base_urls"),
+    "python -m experiments.launch model=qwen3 server=vllm server.model=Qwen/Qwen3-4B server.base_urls=[http://a:8000/v1,http://b:8000/v1]": ("fails", "server.model"),
     "python -m vllm.entrypoints.openai.api_server": ("mention", "what server=local starts"),
     "python -m opd.fixture.build": ("help", "training the fixture takes 8 minutes"),
     "python -m experiments.launch -m env=opd_coding reward.weights.correctness=0.5,0.7,0.9 reward.weights.efficiency=0.1,0.2": ("run", "the 6-job sweep"),
@@ -81,6 +81,11 @@ CHECKS: dict[str, tuple[str, str]] = {
     "scripts/lock.sh [cpu] [gpu]": ("syntax", "resolving the locks takes minutes and the registries"),
     "scripts/lock.sh": ("syntax", "as above"),
     "python -m opd.records": ("mention", "the module of view and check"),
+    "python -m opd.records check": ("mention", "the command above, named in the guarantees table"),
+    "python -m opd.fixture.families model qwen3 --out /tmp/tiny-qwen3":
+        ("mention", "built for every family and run by tests/test_real_models_vllm.py (slow: a vLLM server per family)"),
+    "python -m experiments.launch model=qwen3 server.model=/tmp/tiny-qwen3 env=opd_coding total_steps=2 group_size=2":
+        ("mention", "run for every preset and both envs by tests/test_real_models_vllm.py"),
 }
 
 _INLINE = re.compile(r"`((?:python -m|\.venv/bin/python|mlflow ui|scripts/)[^`]*)`")
@@ -182,13 +187,15 @@ def test_the_test_commands_collect_the_suite() -> None:
 
 
 @pytest.mark.parametrize("command", [c for c, (kind, _) in CHECKS.items() if kind == "fails"], ids=lambda c: c.split("launch ", 1)[-1][:50])
-def test_commands_for_unreachable_servers_fail_at_once_in_one_line(command: str, tmp_path: Path) -> None:
+def test_commands_for_unreachable_machines_fail_at_once_in_one_line(command: str, tmp_path: Path) -> None:
+    """Here the hub is unreachable too, so the model is what fails first (it is looked up before any
+    server is asked); test_config's table covers servers that never answer."""
     overrides, _ = launch_overrides(command)
     started = time.monotonic()
     out = _python("-m", "experiments.launch", *overrides, f"output_root={tmp_path}", timeout=120)
     said = [line for line in (out.stdout + out.stderr).splitlines() if "error" in line.lower()]
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
-    assert len(said) == 1 and CHECKS[command][1] in said[0] and "nothing answers at" in said[0], said
+    assert len(said) == 1 and CHECKS[command][1] in said[0], said
     assert "Traceback" not in out.stderr and time.monotonic() - started < 60
 
 
