@@ -49,15 +49,22 @@ def load_data(cfg: Config) -> TaskSet:
 
 def local_server(cfg: Config, model: str, workdir: Path) -> Any:
     """A LocalVLLM (not started) with the settings of server=local; with trainer=local it also
-    gets vLLM's dev routes (VLLM_SERVER_DEV_MODE=1), which reload weights in place."""
+    gets vLLM's dev routes (VLLM_SERVER_DEV_MODE=1), which reload weights in place, and a model
+    whose output layer is tied to its embedding is served from an untied copy in `workdir`, so
+    that a reload refreshes the output layer too (opd.train.untied)."""
     from dataclasses import replace
 
     from opd.serving.local_vllm import LocalVLLM
 
-    server = cfg.server
+    server, weights = cfg.server, None
     if cfg.trainer.kind == "local":
         server = replace(server, environment={**server.environment, "VLLM_SERVER_DEV_MODE": "1"})
-    return LocalVLLM(server, model, workdir, seed=cfg.seed)
+        if cfg.trainer.refresh:
+            from opd.train.untied import untied_copy
+
+            copy = untied_copy(model, workdir / "untied_model")
+            weights = str(copy) if copy is not None else None
+    return LocalVLLM(server, model, workdir, seed=cfg.seed, weights=weights)
 
 
 @contextlib.contextmanager
@@ -183,7 +190,7 @@ def sinks(cfg: Config, env: OPDBaseEnv, model: str, base_urls: list[str], tracke
     if cfg.trainer.kind == "local":
         from opd.sinks.trainer import TrainerSink
 
-        out.append(TrainerSink(cfg.trainer, env, model, base_urls, out_dir, tracker))
+        out.append(TrainerSink(cfg.trainer, env, model, base_urls, out_dir, tracker, cfg.server.api_key))
     if cfg.eval.every is not None:
         out.append(evaluator(cfg, env, concurrency, tracker))
     return out

@@ -18,6 +18,7 @@ class ScriptedClient:
         self.latency = latency
         self._generate, self._score, self._chat = generate, score, chat
         self.prompts: list[list[int]] = []  # generation prompts, in order
+        self.seeds: list[int | None] = []  # their vLLM seeds (None: unseeded), in order
         self.scored: list[list[int]] = []  # scored prompts, in order
         self.chats: list[dict[str, Any]] = []  # chat requests, in order
         self.running = self.most_running = self.served = 0
@@ -31,8 +32,10 @@ class ScriptedClient:
             self.running -= 1
             self.served += 1
 
-    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float = 1.0, stop: list[str] | None = None, n: int = 1) -> list[Generation]:
+    async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float = 1.0, stop: list[str] | None = None, n: int = 1,
+                       seed: int | None = None) -> list[Generation]:
         self.prompts.append(list(prompt_ids))
+        self.seeds.append(seed)
         await self._busy()
         assert self._generate is not None, "this scripted client does not generate"
         return [self._generate(prompt_ids, max_tokens=max_tokens, stop=stop) for _ in range(n)]

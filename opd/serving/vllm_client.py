@@ -211,14 +211,17 @@ class VLLMClient:
             raise ServerRequestError(f"POST {url} answered with a body that is not JSON: {err}; {raw[:200]!r}") from None
 
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float = 1.0,
-                       stop: list[str] | None = None, n: int = 1) -> list[Generation]:
-        """`n` continuations of `prompt_ids`, in choice order."""
+                       stop: list[str] | None = None, n: int = 1, seed: int | None = None) -> list[Generation]:
+        """`n` continuations of `prompt_ids`, in choice order; `seed`: vLLM's per-request seed (the
+        same seed, prompt and weights sample the same tokens; None: the server's own randomness)."""
         payload: dict[str, Any] = {
             "model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens, "temperature": temperature,
             "top_p": top_p, "n": n, "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
         }
         if stop:
             payload["stop"] = stop
+        if seed is not None:
+            payload["seed"] = seed
         answer: _GenerationAnswer = await self._post("/completions", payload, _GenerationAnswer)
         out = []
         for choice in sorted(answer.choices, key=lambda c: c.index):

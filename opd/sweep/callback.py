@@ -47,13 +47,15 @@ class SweepCallback(Callback):
 
         hydra_cfg = config.hydra
         sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve()
-        params = OmegaConf.to_container(hydra_cfg.sweeper.params, resolve=False) if OmegaConf.select(hydra_cfg, "sweeper.params") else None
-        state = SweepState(sweep_dir=str(sweep_dir), swept=swept_keys(list(hydra_cfg.overrides.task), params))
         job_cfg = copy.deepcopy(config)
         with read_write(job_cfg), open_dict(job_cfg):  # what Hydra does to make a job's config
             del job_cfg["hydra"]
             job_cfg.output_dir = str(sweep_dir)
         typed = validate(job_cfg)
+        if typed.sweep.seeds > 1:
+            self._sweep_seeds(config, typed.seed, typed.sweep.seeds)
+        params = OmegaConf.to_container(hydra_cfg.sweeper.params, resolve=False) if OmegaConf.select(hydra_cfg, "sweeper.params") else None
+        state = SweepState(sweep_dir=str(sweep_dir), swept=swept_keys(list(hydra_cfg.overrides.task), params))
         # Registered before anything is created, so a failure below still closes what exists.
         atexit.register(self._finish, completed=False)
         self.state = state
@@ -70,6 +72,25 @@ class SweepCallback(Callback):
                 self._start_server(typed, state)
         path = write_state(state)
         logger.info("sweep state in %s (swept: %s)", path, ", ".join(state.swept) or "nothing")
+
+    @staticmethod
+    def _sweep_seeds(config: DictConfig, seed: int, seeds: int) -> None:
+        """sweep.seeds > 1: every sweep point runs with seed, seed + 1, ...: the override
+        `seed=<those>` joins the sweep's task overrides, which Hydra's sweeper reads after this
+        callback (a plain `seed=K` sets where they start)."""
+        from opd.config import ConfigError
+
+        sweeper = str(OmegaConf.select(config.hydra, "sweeper._target_") or "")
+        if not sweeper.endswith("BasicSweeper"):
+            raise ConfigError(f"sweep.seeds: runs every point of a grid (Hydra's basic sweeper), not with {sweeper}; sweep seed= yourself", "sweep.seeds")
+        task = [str(o) for o in config.hydra.overrides.task]
+        if "seed" in swept_keys(task, OmegaConf.to_container(config.hydra.sweeper.params, resolve=False) if OmegaConf.select(config.hydra, "sweeper.params") else None):
+            raise ConfigError("sweep.seeds: seed is swept already; sweep seeds one way, either seed=a,b,c or sweep.seeds=N", "sweep.seeds")
+        values = ",".join(str(seed + i) for i in range(seeds))
+        task = [o for o in task if o.split("=", 1)[0].lstrip("+~") != "seed"] + [f"seed={values}"]
+        with read_write(config.hydra), open_dict(config.hydra):
+            config.hydra.overrides.task = task
+        logger.info("sweep.seeds=%d: every point runs with seed=%s", seeds, values)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._finish(completed=True)
