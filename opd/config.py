@@ -584,8 +584,10 @@ class RefreshCheckConfig:
     tokens: int = MISSING
     tolerance: float = MISSING
     max_start: float = MISSING
+    dtype: str = MISSING
 
     def __post_init__(self) -> None:
+        _one_of("trainer.refresh_check.dtype", self.dtype, ("auto", "bfloat16", "float16", "half", "float32", "float"))
         _at_least("trainer.refresh_check.tokens", self.tokens, 16)
         _at_least("trainer.refresh_check.tolerance", self.tolerance, 1.0)
         _check(self.max_start > 0, "trainer.refresh_check.max_start", "> 0", self.max_start)

@@ -103,7 +103,7 @@ def test_a_refresh_of_every_tensor_serves_the_trainers_weights_output_layer_incl
     trainer = LocalTrainer(cfg, fixture_model)
     ids = probe_ids(trainer.tokenizer, cfg.refresh_check.tokens)
     before = _served(vllm_url, fixture_model, ids)
-    floor = mean_abs(before, trainer.probe_logprobs(ids))  # same weights: bf16 serving vs the float32 trainer
+    floor = mean_abs(before, trainer.probe_logprobs(ids, "bfloat16"))  # same weights: bf16 serving vs the float32 trainer
     assert 0 < floor < 0.05, floor
     old_head = trainer.model.get_output_embeddings().weight.detach().clone()
     changed = _perturb_every_tensor(trainer.model)
@@ -111,7 +111,7 @@ def test_a_refresh_of_every_tensor_serves_the_trainers_weights_output_layer_incl
     assert len(changed) == len(list(trainer.model.parameters()))
     seconds = asyncio.run(refresh([vllm_url], trainer.save(tmp_path / "weights")))
     after = _served(vllm_url, fixture_model, ids)
-    trained = trainer.probe_logprobs(ids)
+    trained = trainer.probe_logprobs(ids, "bfloat16")
     limit = cfg.refresh_check.tolerance * floor + SLACK  # what the run's refresh check accepts
     assert seconds < 30
     assert mean_abs(after, [b or 0.0 for b in before]) > 0.2  # the served model changed...

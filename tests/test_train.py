@@ -265,7 +265,8 @@ def test_the_refresh_check_accepts_the_noise_floor_and_fails_beyond_it_naming_th
 
     check.clients = [ScriptedClient(score=served, base_url="http://a/v1")]
 
-    def trainer(ids: list[int]) -> list[float]:
+    def trainer(ids: list[int], dtype: str) -> list[float]:
+        assert dtype == "bfloat16"  # the servers' dtype (the fixture preset's)
         return [0.0] + [-1.0] * (len(ids) - 1)
 
     assert asyncio.run(check.start(trainer)) == pytest.approx(0.01)

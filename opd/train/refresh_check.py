@@ -1,13 +1,15 @@
 """Does the server serve the weights the trainer has? A fixed probe after every refresh.
 
 The probe is a fixed text of `trainer.refresh_check.tokens` tokens. After each refresh every server
-scores it (prompt logprobs) and the trainer's model computes the same logprobs on the same ids;
+scores it (prompt logprobs) and the trainer's model computes the same logprobs on the same ids,
+with its weights rounded to the servers' dtype (`trainer.refresh_check.dtype`; trained float32
+weights are not bf16 numbers, and their rounding alone moves the fixture's logprobs by 0.010);
 the check is their mean absolute difference in nats, the largest over the servers. Every logprob
 goes through the output layer, so a server that kept an old output layer (a tied model after an
 in-place reload, `opd.train.untied`) or old weights anywhere shows at once.
 
-Serving in bf16 against a float32 trainer differs by a noise floor (0.010-0.012 nats on the fixture),
-measured when the loop starts, where both hold the same checkpoint. That start may not exceed
+What is left is the servers' arithmetic (bf16 activations against float32: 0.015 nats on the
+fixture's probe), the noise floor, measured when the loop starts, where both hold the same checkpoint. That start may not exceed
 `max_start` (else the server holds another model), and every later check may not exceed
 `tolerance` times it (plus `SLACK` nats, for servers whose floor is near 0, e.g. float32): a run
 beyond that fails with a message that says what was measured and the likely cause.
@@ -20,6 +22,9 @@ from typing import Any, Callable
 
 from opd.config import RefreshCheckConfig
 from opd.serving.vllm_client import VLLMClient
+
+# (probe ids, the servers' dtype) -> the trainer's logprob of each id.
+TrainerLogprobs = Callable[[list[int], str], list[float]]
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +64,8 @@ def mean_abs(served: list[float | None], trained: list[float]) -> float:
 
 
 class RefreshCheck:
-    """The probe over `base_urls` (served as `model`); `trainer_logprobs(ids)` gives the trainer's side."""
+    """The probe over `base_urls` (served as `model`); `trainer_logprobs(ids, dtype)` gives the
+    trainer's side, its weights rounded to `dtype`."""
 
     def __init__(self, cfg: RefreshCheckConfig, base_urls: list[str], model: str, tokenizer: Any, api_key: str = "opd-local", timeout_s: float = 120.0) -> None:
         self.cfg = cfg
@@ -74,11 +80,11 @@ class RefreshCheck:
         assert self.floor is not None, "RefreshCheck.start() measures the floor first"
         return self.cfg.tolerance * self.floor + SLACK
 
-    async def measure(self, trainer_logprobs: Callable[[list[int]], list[float]]) -> dict[str, float]:
+    async def measure(self, trainer_logprobs: TrainerLogprobs) -> dict[str, float]:
         """Mean abs difference of each server's logprobs on the probe from the trainer's, by URL."""
         import asyncio
 
-        mine = await asyncio.to_thread(trainer_logprobs, self.ids)
+        mine = await asyncio.to_thread(trainer_logprobs, self.ids, self.cfg.dtype)
         out = {}
         for client in self.clients:
             try:
@@ -88,7 +94,7 @@ class RefreshCheck:
             out[client.base_url] = mean_abs(served, mine)
         return out
 
-    async def start(self, trainer_logprobs: Callable[[list[int]], list[float]]) -> float:
+    async def start(self, trainer_logprobs: TrainerLogprobs) -> float:
         """Measure the noise floor on the starting checkpoint; fail when it is not that checkpoint."""
         measured = await self.measure(trainer_logprobs)
         url, worst = max(measured.items(), key=lambda kv: kv[1])
@@ -104,7 +110,7 @@ class RefreshCheck:
                     "may differ by up to %.4f)", worst, self.limit)
         return worst
 
-    async def after_refresh(self, trainer_logprobs: Callable[[list[int]], list[float]], version: int) -> float:
+    async def after_refresh(self, trainer_logprobs: TrainerLogprobs, version: int) -> float:
         """Check the served weights after the refresh to `version`; the largest difference. Raises
         `RefreshMismatch` beyond `limit`."""
         measured = await self.measure(trainer_logprobs)

@@ -124,16 +124,26 @@ class LocalTrainer:
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         return self._tokenizer
 
-    def probe_logprobs(self, ids: list[int]) -> list[float]:
-        """The current weights' logprob of each of `ids` given those before it (position 0: 0.0), in
-        float32, as vLLM's prompt logprobs report them."""
+    def probe_logprobs(self, ids: list[int], served_dtype: str | None = None) -> list[float]:
+        """The current weights' logprob of each of `ids` given those before it (position 0: 0.0), as
+        vLLM's prompt logprobs report them; computed in float32 with the weights rounded to
+        `served_dtype` (vLLM's --dtype name) where a server holds them in less (a transient copy:
+        the trained weights are never touched), so that only the arithmetic differs from a server's."""
+        from torch.func import functional_call
+
         torch = self.torch
+        rounding = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16}.get(served_dtype or "")
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
                 tensor = torch.tensor([ids])
-                return token_logprobs(self.model(input_ids=tensor).logits, tensor)[0][0].tolist()
+                if rounding is None:
+                    logits = self.model(input_ids=tensor).logits
+                else:
+                    rounded = {name: t.to(rounding).to(t.dtype) for name, t in self.model.state_dict().items()}
+                    logits = functional_call(self.model, rounded, (), {"input_ids": tensor}).logits
+                return token_logprobs(logits, tensor)[0][0].tolist()
         finally:
             self.model.train(was_training)
 
