@@ -206,7 +206,8 @@ def test_experiment_presets_compose_and_validate(preset: str) -> None:
         with_eval = validate(compose(["experiment=optuna_rewards", "trainer=local", "eval.every=4"]))
         assert default_objective(with_eval) == "summary/final_accuracy"
     if preset == "reward_sweep_closed_loop":
-        assert typed.trainer.kind == "local" and typed.sweep.objective is None  # ranked by held-out accuracy
+        # Ranked by the paired gain over each job's own start, two training seeds per setting.
+        assert typed.trainer.kind == "local" and typed.sweep.objective == "summary/eval_paired_gain" and typed.sweep.seeds == 2
 
 
 def test_slurm_launcher_config_extends_submitit() -> None:
@@ -233,6 +234,13 @@ BAD_RUNS = [
     (["resume=true", "trainer=local"], "resume: a run with trainer=local cannot be resumed"),
     (["trainer.kind=local"], "trainer.kind must be none or atropos here; choose the local trainer with trainer=local"),
     (["mode=serve", "serve.rollout_server_url=ftp://x"], "serve.rollout_server_url must be an http(s) URL"),
+    (["trainer=local", "trainer.opd_clamp=0"], "trainer.opd_clamp must be > 0 or null (unbounded), got 0"),
+    (["trainer=local", "trainer.equal_score_groups=ignore"], "trainer.equal_score_groups must be one of ['drop', 'keep']"),
+    (["trainer=local", "trainer.refresh_check.tolerance=0.5"], "trainer.refresh_check.tolerance must be >= 1.0"),
+    (["trainer=local", "trainer.refresh_check.dtype=int8"], "trainer.refresh_check.dtype must be one of"),
+    (["eval.seed=-1"], "eval.seed must be in [0, 2**31) or null (unseeded)"),
+    (["eval.confidence=1.5"], "eval.confidence must be in (0, 1)"),
+    (["sweep.seeds=0"], "sweep.seeds must be >= 1"),
 ]
 
 
