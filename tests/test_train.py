@@ -281,3 +281,20 @@ def test_the_refresh_check_accepts_the_noise_floor_and_fails_beyond_it_naming_th
     offset["value"] = 0.5  # another model entirely
     with pytest.raises(RefreshMismatch, match=r"does not serve the checkpoint the trainer starts from.*trainer\.refresh_check\.max_start=0\.1"):
         asyncio.run(fresh.start(trainer))
+
+
+def test_the_probe_rounds_a_copy_of_the_weights_to_the_servers_dtype_and_leaves_the_trained_ones(fixture_model) -> None:
+    from opd.train.refresh_check import mean_abs, probe_ids
+    from opd.train.trainer import LocalTrainer
+
+    trainer = LocalTrainer(validate(compose(["trainer=local"])).trainer, fixture_model)
+    with torch.no_grad():  # trained weights are float32 numbers, not bf16 ones
+        for parameter in trainer.model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)) * 1e-3)
+    before = {name: t.clone() for name, t in trainer.model.state_dict().items()}
+    ids = probe_ids(trainer.tokenizer, 64)
+    exact, rounded = trainer.probe_logprobs(ids), trainer.probe_logprobs(ids, "bfloat16")
+    assert trainer.probe_logprobs(ids, "float32") == exact and len(exact) == 64 and exact[0] == 0.0
+    assert 1e-4 < mean_abs([None, *rounded[1:]], exact) < 0.1
+    assert all(torch.equal(before[name], t) for name, t in trainer.model.state_dict().items())  # untouched
+    assert trainer.model.training  # and back in training mode

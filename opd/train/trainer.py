@@ -141,8 +141,9 @@ class LocalTrainer:
                 if rounding is None:
                     logits = self.model(input_ids=tensor).logits
                 else:
+                    # Every name of a tied tensor gets the same rounded copy (state_dict lists each name).
                     rounded = {name: t.to(rounding).to(t.dtype) for name, t in self.model.state_dict().items()}
-                    logits = functional_call(self.model, rounded, (), {"input_ids": tensor}).logits
+                    logits = functional_call(self.model, rounded, (), {"input_ids": tensor}, tie_weights=False).logits
                 return token_logprobs(logits, tensor)[0][0].tolist()
         finally:
             self.model.train(was_training)
