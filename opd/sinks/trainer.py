@@ -44,6 +44,8 @@ class TrainerSink(Sink):
         self.empty_batches = 0
         self.equal_dropped = 0
         self.checks: list[float] = []
+        # Failed server requests seen at the last step (a WARNING says when more failed since).
+        self.request_errors = 0
         self.stale_dropped = 0
         self.staleness: list[int] = []
         # Every step's trainer/* metrics, in order.
@@ -105,6 +107,10 @@ class TrainerSink(Sink):
                         "trainer/groups": float(len(groups)), "trainer/stale_groups_dropped": float(self.stale_dropped),
                         "trainer/server_request_errors": float(self.env.request_errors)})
         self.history.append(metrics)
+        if self.env.request_errors > self.request_errors:
+            logger.warning("%d requests to the inference servers failed since the last trainer step (%d in all; retried where they could "
+                           "pass, see the DEBUG log; trainer/server_request_errors)", self.env.request_errors - self.request_errors, self.env.request_errors)
+            self.request_errors = self.env.request_errors
         logger.info("trainer step %d on %d groups: loss %.4f, KL to sampler %.4f, ratio max %.2f, %.1f s, refresh %.2f s, served vs trained %.4f nats",
                     self.steps, len(groups), metrics["trainer/loss"], metrics["trainer/kl_to_sampler"], metrics["trainer/ratio_max"],
                     metrics["trainer/step_s"], metrics["trainer/refresh_s"], metrics.get("trainer/refresh_check", math.nan))
