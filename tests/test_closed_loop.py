@@ -254,3 +254,27 @@ def test_two_evaluations_of_the_same_weights_give_the_same_per_item_results(tmp_
                                                            "tracking.enabled=false", "dataset.kinds=[digit_count,parity]", "eval.seed=null"])
         unseeded.append((tmp_path / name / "run" / "eval" / "step_000000.jsonl").read_text())
     assert unseeded[0] != unseeded[1] or unseeded[0] != rows[0]
+
+
+def test_many_seeded_requests_with_long_prompts_leave_the_server_up_and_repeat_exactly(fixture_model, vllm_url, tokenizer) -> None:
+    # 24 prompts of ~1,500 tokens at once exceed one engine step's budget: with chunked prefill on
+    # vLLM's CPU build, a seeded request's split prefill killed the engine ("CPU Generator does not
+    # use offset"); the test server runs as a seeded evaluation's does (opd.build.whole_prefill_args).
+    from opd.serving.vllm_client import VLLMClient
+    from opd.serving.watch import healthy
+
+    base = tokenizer.encode("<|im_start|>user\\nHow many digits has 12345?<|im_end|>\\n", add_special_tokens=False)
+    prompts = [[*(base * 100)[: 1500 - len(base)], *base][:1500] for _ in range(24)]
+    prompts = [p[:1400 + i] for i, p in enumerate(prompts)]  # distinct lengths, no shared cache entry
+
+    async def sample_all() -> list[list[int]]:
+        client = VLLMClient(vllm_url, fixture_model, timeout_s=300)
+        try:
+            gens = await asyncio.gather(*(client.generate(p, max_tokens=24, temperature=1.0, seed=1000 + i) for i, p in enumerate(prompts)))
+            return [g[0].token_ids for g in gens]
+        finally:
+            await client.close()
+
+    first = asyncio.run(sample_all())
+    assert healthy(vllm_url) and all(first)
+    assert asyncio.run(sample_all()) == first  # the same seeds, the same samples, whatever the batching
