@@ -58,6 +58,11 @@ class ServerPool:
     def request_errors(self) -> int:
         return sum(client.request_errors for client in self.clients)
 
+    @property
+    def last_error(self) -> str | None:
+        """A failed request's message (the last one of the first client that has one)."""
+        return next((error for client in self.clients if (error := getattr(client, "last_error", None))), None)
+
     async def _acquire(self) -> int:
         """Index of the server whose slot this request now holds.
 
