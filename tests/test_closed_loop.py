@@ -143,7 +143,7 @@ def test_a_server_that_keeps_its_old_output_layer_fails_the_refresh_check(tmp_pa
         embedding.add_(torch.randn(embedding.shape, generator=torch.Generator().manual_seed(1)) * 0.3 * embedding.std())
     trainer.model.save_pretrained(tmp_path / "tied")  # the tied form: no lm_head.weight in the file
     asyncio.run(refresh([vllm_url], tmp_path / "tied"))
-    with pytest.raises(RefreshMismatch, match=r"does not serve the trainer's weights.*tied embeddings.*untied copy") as caught:
+    with pytest.raises(RefreshMismatch, match=r"does not serve the trainer's weights.*without its own output layer.*untied copy") as caught:
         asyncio.run(check.after_refresh(trainer.probe_logprobs, 1))
     assert f"{floor:.4f}" in str(caught.value) and vllm_url in str(caught.value)
     # The untied checkpoint of the same weights passes.

@@ -120,8 +120,8 @@ class RefreshCheck:
                 f"after the refresh to weight version {version}, the server at {url} does not serve the trainer's weights: its "
                 f"logprobs on a fixed probe of {len(self.ids)} tokens differ from the trainer's by {worst:.4f} nats (mean absolute), "
                 f"beyond {self.limit:.4f} (trainer.refresh_check.tolerance={self.cfg.tolerance:g} x the start's noise floor "
-                f"{self.floor:.4f} + {SLACK:g}). A server that loaded a model with tied embeddings keeps its old output layer "
-                f"after an in-place reload: start it on an untied copy (server=local does this for trainer=local; for "
-                f"server=vllm: python -m opd.train.untied <model> <dir>, then serve <dir>)."
+                f"{self.floor:.4f} + {SLACK:g}). A reload from a checkpoint without its own output layer (a model with tied "
+                f"embeddings saved as such) keeps the server's old one: the trainer saves untied checkpoints (opd.train.untied); "
+                f"a server of your own should load an untied copy (python -m opd.train.untied <model> <dir>, then serve <dir>)."
             )
         return worst
