@@ -3,6 +3,9 @@
 Prints a table of the sweep's job runs (swept params, objective, summary metrics; best objective
 first), writes it as compare.csv with compare.png (objective against each swept parameter), logs
 both to the sweep's parent run under compare/, and prints the MLflow UI address of the compare view.
+When the sweep ran each point with several seeds (`sweep.seeds`, or `seed` swept), it also prints
+each point's mean objective and spread over its seeds (compare_points.csv), best mean first, and
+whether the best point is told apart from the next by more than that spread (Welch's t-test).
 """
 
 from __future__ import annotations
@@ -97,6 +100,45 @@ def load(parent_run_id: str, tracking_uri: str) -> Sweep:
     rows.sort(key=lambda r: (_number(r["objective"]) is None, -(_number(r["objective"]) or 0.0), r["run"] or ""))
     names = {child.data.tags.get("opd.objective") for child in children} - {None}
     return Sweep(parent_run_id, experiment_id, tracking_uri, swept, rows, [r["run_id"] for r in rows], ",".join(sorted(names)) or "objective")
+
+
+def points(sweep: Sweep) -> list[dict[str, Any]]:
+    """One row per sweep point (the swept values other than `seed`) with its objective's mean,
+    sample standard deviation, range and number of seeds, best mean first; [] unless `seed` is
+    swept beside something else."""
+    import statistics
+
+    others = [key for key in sweep.swept if key != "seed"]
+    if "seed" not in sweep.swept or not others:
+        return []
+    grouped: dict[tuple[str, ...], list[float]] = {}
+    for row in sweep.rows:
+        value = _number(row["objective"])
+        if value is not None and row.get("status") == "FINISHED":
+            grouped.setdefault(tuple(str(row.get(key, "")) for key in others), []).append(value)
+    out = []
+    for values, objectives in grouped.items():
+        out.append({**dict(zip(others, values)), "seeds": len(objectives), "objective_mean": statistics.fmean(objectives),
+                    "objective_sd": statistics.stdev(objectives) if len(objectives) > 1 else math.nan,
+                    "objective_min": min(objectives), "objective_max": max(objectives), "objectives": objectives})
+    out.sort(key=lambda r: -r["objective_mean"])
+    return out
+
+
+def separation(rows: list[dict[str, Any]]) -> str:
+    """Whether the best point's objective is told apart from the runner-up's over their seeds."""
+    if len(rows) < 2:
+        return ""
+    best, second = rows[0], rows[1]
+    difference = best["objective_mean"] - second["objective_mean"]
+    if best["seeds"] < 2 or second["seeds"] < 2:
+        return f"best minus runner-up: {difference:+.4g}; one seed per point cannot tell it from noise (sweep.seeds=N)"
+    from scipy.stats import ttest_ind
+
+    p = float(ttest_ind(best["objectives"], second["objectives"], equal_var=False).pvalue)
+    verdict = "told apart from the seeds' spread" if p < 0.05 else "NOT told apart from the seeds' spread"
+    return (f"best minus runner-up: {difference:+.4g} (seed sd {best['objective_sd']:.3g} and {second['objective_sd']:.3g}); "
+            f"Welch's t-test p = {p:.3g}: {verdict}")
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -211,10 +253,12 @@ def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None =
         out_dir = Path(target) if Path(target).is_dir() else Path("outputs/compare") / parent_run_id
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = write_csv(sweep.rows, out_dir / "compare.csv")
+    per_point = points(sweep)
+    points_path = write_csv([{k: v for k, v in row.items() if k != "objectives"} for row in per_point], out_dir / "compare_points.csv") if per_point else None
     png_path = write_plot(sweep, out_dir / "compare.png")
     client = mlflow.MlflowClient(uri)
     curves = write_eval_curves(sweep, client, out_dir / "compare_eval.png")
-    for path in (csv_path, png_path, curves):
+    for path in (csv_path, png_path, curves, points_path):
         if path is not None:
             client.log_artifact(parent_run_id, str(path), artifact_path="compare")
     if sweep.ranked_by_its_own_reward():
@@ -237,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     if (tie := sweep.tie()) is not None:
         sys.stdout.write(f"every job tied: {sweep.objective} = {tie:.4g} in all {len(sweep.rows)}, so the order above means nothing; "
                          "run more steps or evaluate (eval.every=N), or rank by another metric (sweep.objective=...)\n\n")
+    per_point = points(sweep)
+    if per_point:
+        sys.stdout.write("per sweep point, over its seeds:\n" + table([{k: v for k, v in r.items() if k != "objectives"} for r in per_point]) + "\n")
+        sys.stdout.write(separation(per_point) + "\n\n")
     sys.stdout.write(f"ranked by: {sweep.objective}\ntable: {csv_path}\nplot:  {png_path}\n(logged to the parent run {sweep.parent_run_id} under compare/, with compare_eval.png when the runs evaluated)\n\n")
     sys.stdout.write(f"MLflow UI:  mlflow ui --backend-store-uri {sweep.tracking_uri}\ncompare view: {address}\n")
     return 0

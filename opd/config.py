@@ -532,6 +532,10 @@ class SweepConfig:
 
     share_server: bool = MISSING
     objective: Optional[str] = MISSING
+    seeds: int = MISSING
+
+    def __post_init__(self) -> None:
+        _at_least("sweep.seeds", self.seeds, 1)
 
 
 @dataclass
@@ -624,6 +628,23 @@ class LossWeights:
 
 
 @dataclass
+class RefreshCheckConfig:
+    """trainer.refresh_check: the served weights checked against the trainer's after each refresh."""
+
+    enabled: bool = MISSING
+    tokens: int = MISSING
+    tolerance: float = MISSING
+    max_start: float = MISSING
+    dtype: str = MISSING
+
+    def __post_init__(self) -> None:
+        _one_of("trainer.refresh_check.dtype", self.dtype, ("auto", "bfloat16", "float16", "half", "float32", "float"))
+        _at_least("trainer.refresh_check.tokens", self.tokens, 16)
+        _at_least("trainer.refresh_check.tolerance", self.tolerance, 1.0)
+        _check(self.max_start > 0, "trainer.refresh_check.max_start", "> 0", self.max_start)
+
+
+@dataclass
 class LocalTrainerConfig(TrainerConfig):
     """trainer=local: the reference trainer in the run (conf/trainer/local.yaml)."""
 
@@ -632,11 +653,14 @@ class LocalTrainerConfig(TrainerConfig):
     weight_decay: float = MISSING
     max_grad_norm: float = MISSING
     clip: float = MISSING
+    opd_clamp: Optional[float] = MISSING
+    equal_score_groups: str = MISSING
     loss: LossWeights = MISSING
     micro_batch: int = MISSING
     max_tokens: Optional[int] = MISSING
     max_staleness: int = MISSING
     refresh: bool = MISSING
+    refresh_check: RefreshCheckConfig = MISSING
     threads: int = MISSING
     seed: int = MISSING
 
@@ -648,6 +672,9 @@ class LocalTrainerConfig(TrainerConfig):
         _at_least("trainer.weight_decay", self.weight_decay, 0)
         _check(self.max_grad_norm > 0, "trainer.max_grad_norm", "> 0", self.max_grad_norm)
         _check(0 < self.clip < 1, "trainer.clip", "in (0, 1)", self.clip)
+        if self.opd_clamp is not None:
+            _check(self.opd_clamp > 0, "trainer.opd_clamp", "> 0 or null (unbounded)", self.opd_clamp)
+        _one_of("trainer.equal_score_groups", self.equal_score_groups, ("drop", "keep"))
         for name in ("pg", "opd_advantage", "topk_kl"):
             _at_least(f"trainer.loss.{name}", getattr(self.loss, name), 0)
         _check(self.loss.pg + self.loss.opd_advantage + self.loss.topk_kl > 0, "trainer.loss", "weights that are not all 0", self.loss)
@@ -666,6 +693,8 @@ class EvalConfig:
     samples_per_item: int = MISSING
     temperature: float = MISSING
     max_items: Optional[int] = MISSING
+    seed: Optional[int] = MISSING
+    confidence: float = MISSING
 
     def __post_init__(self) -> None:
         if self.every is not None:
@@ -674,6 +703,9 @@ class EvalConfig:
         _check(0 <= self.temperature <= 5, "eval.temperature", "in [0, 5]", self.temperature)
         if self.max_items is not None:
             _at_least("eval.max_items", self.max_items, 1)
+        if self.seed is not None:
+            _check(0 <= self.seed < 2**31, "eval.seed", "in [0, 2**31) or null (unseeded)", self.seed)
+        _check(0 < self.confidence < 1, "eval.confidence", "in (0, 1)", self.confidence)
 
 
 @dataclass

@@ -226,6 +226,7 @@ async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: Serv
         for sink in sinks:
             await sink.open()
             stack.push_async_callback(lambda s=sink: s.close(status))
+            watch.after_restart.append(sink.server_restarted)
         try:
             max_dropped = cfg.runner.max_dropped_groups if cfg.runner.max_dropped_groups is not None else 10 * cfg.total_steps
             limits = RunnerLimits(groups, cfg.runner.max_attempts_per_item, cfg.runner.max_failed_groups, max_dropped)
@@ -261,7 +262,7 @@ def summarize(stats: RunStats, sinks: list[Sink], env: OPDBaseEnv, watch: Server
         "summary/groups_per_s": stats.groups_per_s,
         "summary/reward_mean": statistics.fmean(rewards) if rewards else math.nan,
         "summary/server_outages": float(watch.outages),
-        "summary/server_request_errors": float(env.server.request_errors),
+        "summary/server_request_errors": float(env.request_errors),
         "summary/server_restarts": float(watch.restarts),
     }
     for sink in sinks:

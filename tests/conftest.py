@@ -46,24 +46,38 @@ def tokenizer(fixture_model: str):
     return AutoTokenizer.from_pretrained(fixture_model)
 
 
-def _vllm_server(fixture_model: str, workdir: Path) -> Iterator[str]:
+@pytest.fixture(scope="session")
+def untied_fixture(fixture_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The fixture with its output layer as a tensor of its own (the same values), which the test
+    servers load, as a closed loop's server does: an in-place reload then refreshes all of it."""
+    from opd.train.untied import untied_copy
+
+    return str(untied_copy(fixture_model, tmp_path_factory.mktemp("untied") / "fixture"))
+
+
+def _vllm_server(fixture_model: str, weights: str, workdir: Path) -> Iterator[str]:
     """A real vLLM OpenAI server on the fixture model (top-20 logprobs), stopped afterwards."""
+    from dataclasses import replace
+
+    from opd.build import whole_prefill_args
     from opd.config import validate
     from opd.serving.local_vllm import LocalVLLM
 
     # Dev routes on: the closed-loop tests reload weights in place (and put the fixture's back).
     settings = validate(compose(["distill_topk=20", "server.startup_timeout_s=300", "+server.environment.VLLM_SERVER_DEV_MODE='1'"])).server
-    with LocalVLLM(settings, fixture_model, workdir) as server:
+    # Tests evaluate with seeds, which vLLM's CPU build survives only with whole prefills.
+    settings = replace(settings, extra_args=[*settings.extra_args, *whole_prefill_args(settings)])
+    with LocalVLLM(settings, fixture_model, workdir, weights=weights) as server:
         yield server.base_url
 
 
 @pytest.fixture(scope="session")
-def vllm_url(fixture_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm_url(fixture_model: str, untied_fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real vLLM server, started once for the whole session."""
-    yield from _vllm_server(fixture_model, tmp_path_factory.mktemp("vllm"))
+    yield from _vllm_server(fixture_model, untied_fixture, tmp_path_factory.mktemp("vllm"))
 
 
 @pytest.fixture(scope="session")
-def vllm_url_2(fixture_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm_url_2(fixture_model: str, untied_fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A second real vLLM server (multi-server balancing)."""
-    yield from _vllm_server(fixture_model, tmp_path_factory.mktemp("vllm2"))
+    yield from _vllm_server(fixture_model, untied_fixture, tmp_path_factory.mktemp("vllm2"))

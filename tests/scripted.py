@@ -18,6 +18,7 @@ class ScriptedClient:
         self.latency = latency
         self._generate, self._score, self._chat = generate, score, chat
         self.prompts: list[list[int]] = []  # generation prompts, in order
+        self.seeds: list[int | None] = []  # their vLLM seeds (None: unseeded), in order
         self.scored: list[list[int]] = []  # scored prompts, in order
         self.chats: list[dict[str, Any]] = []  # chat requests, in order
         self.sampling: list[dict[str, Any]] = []  # each generation request's sampling fields
@@ -33,9 +34,10 @@ class ScriptedClient:
             self.served += 1
 
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, stop: list[str] | None = None, n: int = 1,
-                       **sampling: Any) -> list[Generation]:
+                       seed: int | None = None, **sampling: Any) -> list[Generation]:
         self.prompts.append(list(prompt_ids))
         self.sampling.append({"temperature": temperature, **sampling})
+        self.seeds.append(seed)
         await self._busy()
         assert self._generate is not None, "this scripted client does not generate"
         return [self._generate(prompt_ids, max_tokens=max_tokens, stop=stop) for _ in range(n)]

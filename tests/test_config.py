@@ -206,7 +206,8 @@ def test_experiment_presets_compose_and_validate(preset: str) -> None:
         with_eval = validate(compose(["experiment=optuna_rewards", "trainer=local", "eval.every=4"]))
         assert default_objective(with_eval) == "summary/final_accuracy"
     if preset == "reward_sweep_closed_loop":
-        assert typed.trainer.kind == "local" and typed.sweep.objective is None  # ranked by held-out accuracy
+        # Ranked by the paired gain over each job's own start, two training seeds per setting.
+        assert typed.trainer.kind == "local" and typed.sweep.objective == "summary/eval_paired_gain" and typed.sweep.seeds == 2
 
 
 def test_slurm_launcher_config_extends_submitit() -> None:
@@ -246,6 +247,13 @@ BAD_RUNS = [
     (["server=vllm", "server.model=fixture", "server.base_urls=[http://no-such-host.invalid:8000/v1]"], "server.base_urls: nothing answers at"),
     (["env=opd_coding", "judge=server", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=j", "server=vllm", "server.model=fixture",
       "server.base_urls=[http://127.0.0.1:9/v1]", "server.unreachable_timeout_s=300"], "server.base_urls: nothing answers"),
+    (["trainer=local", "trainer.opd_clamp=0"], "trainer.opd_clamp must be > 0 or null (unbounded), got 0"),
+    (["trainer=local", "trainer.equal_score_groups=ignore"], "trainer.equal_score_groups must be one of ['drop', 'keep']"),
+    (["trainer=local", "trainer.refresh_check.tolerance=0.5"], "trainer.refresh_check.tolerance must be >= 1.0"),
+    (["trainer=local", "trainer.refresh_check.dtype=int8"], "trainer.refresh_check.dtype must be one of"),
+    (["eval.seed=-1"], "eval.seed must be in [0, 2**31) or null (unseeded)"),
+    (["eval.confidence=1.5"], "eval.confidence must be in (0, 1)"),
+    (["sweep.seeds=0"], "sweep.seeds must be >= 1"),
 ]
 
 

@@ -215,6 +215,7 @@ def test_malformed_scoring_answers_fail_with_a_clear_error(body: bytes, message:
     with pytest.raises(ServerRequestError, match=message):
         _score_against(body, servers)
     assert servers[0].request_errors == 1  # counted in summary/server_request_errors
+    assert message in servers[0].last_error  # and its message kept for the trainer's warning
 
 
 def test_failed_requests_are_warned_about_at_most_once_per_window(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -60,6 +60,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m experiments.launch model=qwen3 server=vllm server.model=Qwen/Qwen3-4B server.base_urls=[http://a:8000/v1,http://b:8000/v1]": ("fails", "server.model"),
     "python -m vllm.entrypoints.openai.api_server": ("mention", "what server=local starts"),
     "python -m opd.fixture.build": ("help", "training the fixture takes 8 minutes"),
+    "python -m opd.train.untied <model> <dir>": ("help", "tests/test_closed_loop.py serves such a copy and refreshes it"),
     "python -m experiments.launch -m env=opd_coding reward.weights.correctness=0.5,0.7,0.9 reward.weights.efficiency=0.1,0.2": ("run", "the 6-job sweep"),
     "python -m experiments.compare outputs/sweeps/<date>/<time>": ("run", "on that sweep"),
     "python -m experiments.compare <sweep dir>": ("mention", "the command above, in the timings table"),

@@ -115,6 +115,78 @@ def test_compare_says_when_every_job_tied() -> None:
     assert sweep(float("nan"), float("nan")).tie() is None  # no objective at all is not a tie
 
 
+def test_sweep_seeds_runs_every_point_with_each_seed_and_refuses_a_second_way_to_sweep_them() -> None:
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import open_dict, read_write
+
+    from opd.config import ConfigError, compose
+    from opd.sweep.callback import SweepCallback
+
+    def config(task: list[str]):
+        cfg = compose(["seed=3"], hydra=True)
+        with read_write(cfg), open_dict(cfg):
+            cfg.hydra.overrides.task = task
+        return cfg
+
+    cfg = config(["env.temperature=0.5,1.0", "seed=3", "total_steps=1"])
+    SweepCallback._sweep_seeds(cfg, seed=3, seeds=2)
+    task = list(cfg.hydra.overrides.task)
+    assert task == ["env.temperature=0.5,1.0", "total_steps=1", "seed=3,4"]
+    (jobs,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(task), None)
+    assert sorted((j[0], j[2]) for j in jobs) == [("env.temperature=0.5", "seed=3"), ("env.temperature=0.5", "seed=4"),
+                                                  ("env.temperature=1.0", "seed=3"), ("env.temperature=1.0", "seed=4")]
+    assert swept_keys(task, None) == ["env.temperature", "seed"]
+    with pytest.raises(ConfigError, match="sweep.seeds: seed is swept already"):
+        SweepCallback._sweep_seeds(config(["env.temperature=0.5,1.0", "seed=0,1"]), seed=0, seeds=2)
+    optuna = config(["env.temperature=0.5,1.0"])
+    with read_write(optuna), open_dict(optuna):
+        optuna.hydra.sweeper._target_ = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    with pytest.raises(ConfigError, match="sweep.seeds: runs every point of a grid"):
+        SweepCallback._sweep_seeds(optuna, seed=0, seeds=2)
+
+
+def test_compare_gives_each_points_mean_and_spread_over_seeds_and_says_whether_the_best_is_told_apart() -> None:
+    from experiments.compare import Sweep, points, separation
+
+    def sweep(objectives: dict[str, list[float]]) -> Sweep:
+        rows = [{"run": f"w={w},seed={i}", "status": "FINISHED", "reward.weights.x": w, "seed": str(i), "objective": value}
+                for w, values in objectives.items() for i, value in enumerate(values)]
+        rows.append({"run": "w=9,seed=0", "status": "FAILED", "reward.weights.x": "9", "seed": "0", "objective": 5.0})  # never counted
+        return Sweep("p", "e", "uri", ["reward.weights.x", "seed"], rows, [])
+
+    close = points(sweep({"-2": [0.50, 0.42, 0.47], "-0.5": [0.45, 0.40, 0.49]}))
+    assert [r["reward.weights.x"] for r in close] == ["-2", "-0.5"] and [r["seeds"] for r in close] == [3, 3]
+    assert close[0]["objective_mean"] == pytest.approx(0.46333, abs=1e-4) and close[0]["objective_sd"] == pytest.approx(0.04041, abs=1e-4)
+    assert (close[0]["objective_min"], close[0]["objective_max"]) == (0.42, 0.50)
+    assert "NOT told apart" in separation(close)
+    apart = points(sweep({"-2": [0.60, 0.61, 0.62], "-0.5": [0.40, 0.41, 0.39]}))
+    assert "p = " in separation(apart) and "NOT" not in separation(apart)
+    single = points(sweep({"-2": [0.5], "-0.5": [0.4]}))
+    assert "one seed per point cannot tell it from noise" in separation(single)
+    assert points(Sweep("p", "e", "uri", ["reward.weights.x"], [{"run": "a", "status": "FINISHED", "reward.weights.x": "1", "objective": 1.0}], [])) == []
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_sweep_with_seeds_runs_each_point_per_seed_and_compare_shows_the_spread(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
+    proc, sweep_dir, uri = _sweep(tmp_path, fixture_model, vllm_url, [
+        "env=inline_math", "env.temperature=0.7,1.0", "sweep.seeds=2", "seed=5", "total_steps=1", "group_size=2",
+    ])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, parents, children = _runs(uri)
+    assert parents[0].data.tags["opd.swept"] == "env.temperature,seed"
+    assert sorted((c.data.params["env.temperature"], c.data.params["seed"]) for c in children) == [
+        ("0.7", "5"), ("0.7", "6"), ("1.0", "5"), ("1.0", "6")]
+    assert sorted(c.info.run_name for c in children) == ["temperature=0.7,seed=5", "temperature=0.7,seed=6", "temperature=1.0,seed=5", "temperature=1.0,seed=6"]
+    compared = subprocess.run([sys.executable, "-m", "experiments.compare", str(sweep_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    assert "per sweep point, over its seeds:" in compared.stdout and "best minus runner-up" in compared.stdout
+    with (sweep_dir / "compare_points.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert sorted(r["env.temperature"] for r in rows) == ["0.7", "1.0"] and all(r["seeds"] == "2" for r in rows)
+
+
 # ---------------------------------------------------------------- real sweeps (subprocesses)
 
 def _sweep(tmp_path: Path, fixture_model: str, url: str | None, args: list[str]) -> tuple[subprocess.CompletedProcess, Path, str]:

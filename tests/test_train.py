@@ -155,3 +155,146 @@ def test_a_step_on_the_fixture_model_moves_the_sampled_tokens_the_way_the_advant
     assert metrics["trainer/trained_tokens"] == 10 and metrics["trainer/kl_to_sampler"] == pytest.approx(0.0, abs=1e-4)
     saved = trainer.save(tmp_path / "weights")
     assert (saved / "model.safetensors").exists() and (saved / "tokenizer_config.json").exists() and (saved / "config.json").exists()
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(saved / "model.safetensors"), "pt") as weights:
+        names = set(weights.keys())
+    # The fixture ties its output layer to its embedding; the checkpoint holds both, so that an
+    # in-place reload refreshes the output layer too (opd/train/untied.py).
+    assert {"lm_head.weight", "model.embed_tokens.weight"} <= names
+    assert json.loads((saved / "config.json").read_text())["tie_word_embeddings"] is False
+
+
+def test_an_untied_checkpoint_gives_the_same_logits_and_its_output_layer_is_its_own(fixture_model, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from opd.train.untied import output_layer_tied, save_untied, untied_copy
+
+    tied = AutoModelForCausalLM.from_pretrained(fixture_model, dtype=torch.float32)
+    assert output_layer_tied(tied)
+    copy_dir = untied_copy(fixture_model, tmp_path / "copy")
+    assert copy_dir is not None and (copy_dir / "tokenizer.json").exists()
+    assert untied_copy(str(copy_dir), tmp_path / "again") is None  # untied already: nothing to copy
+    untied = AutoModelForCausalLM.from_pretrained(copy_dir, dtype=torch.float32)
+    assert not output_layer_tied(untied)
+    ids = torch.tensor([[1, 40, 700, 12, 3000, 5]])
+    with torch.no_grad():
+        assert torch.equal(tied(input_ids=ids).logits, untied(input_ids=ids).logits)
+        tied.get_input_embeddings().weight.mul_(2.0)  # the tied output layer moves with it
+        changed = tied(input_ids=ids).logits
+    saved = AutoModelForCausalLM.from_pretrained(save_untied(tied, tmp_path / "changed"), dtype=torch.float32)
+    with torch.no_grad():
+        assert torch.equal(saved(input_ids=ids).logits, changed)
+        assert torch.equal(saved.lm_head.weight, tied.lm_head.weight) and not output_layer_tied(saved)
+
+
+def test_the_opd_advantage_is_clamped_and_counted() -> None:
+    from opd.train.batch import make_batch
+    from opd.train.losses import terms
+
+    uniform = math.log(1 / 64)  # the student's logprob of every token under all-zero logits
+    group = recorded_group([0.0, 1.0])
+    for detail, lps in zip(group["overrides"], group["inference_logprobs"]):
+        lps[4:] = [uniform] * 5  # the sampler is the student: ratio 1 everywhere
+        detail["teacher_logprobs"][5] = uniform - 9.0  # advantage -9 at one token per sequence
+        detail["teacher_logprobs"][6] = uniform + 2.0  # and +2 at the next
+    batch = make_batch([group])
+    logits = torch.zeros(2, 9, 64)
+    free, bounded = terms(logits, batch, 0.2, None), terms(logits, batch, 0.2, 5.0)
+    assert float(bounded.opd_clamped) == 2 and float(free.opd_clamped) == 0
+    # At ratio 1 the surrogate is -advantage per token: 9 - 2 unbounded, 5 - 2 clamped, per sequence.
+    assert float(free.opd) == pytest.approx(2 * (9.0 - 2.0), rel=1e-5)
+    assert float(bounded.opd) == pytest.approx(2 * (5.0 - 2.0), rel=1e-5)
+
+
+def test_every_loss_term_is_normalised_as_the_total_and_the_ratio_is_reported(fixture_model, tmp_path) -> None:
+    from opd.train.trainer import LocalTrainer
+
+    cfg = validate(compose(["trainer=local", "trainer.loss.topk_kl=0.5", "trainer.loss.opd_advantage=0.7"])).trainer
+    trainer = LocalTrainer(cfg, fixture_model)
+    group = recorded_group([0.0, 1.0])
+    metrics = trainer.step([group])
+    w = cfg.loss
+    total = w.pg * metrics["trainer/loss_pg"] + w.opd_advantage * metrics["trainer/loss_opd_advantage"] + w.topk_kl * metrics["trainer/loss_topk_kl"]
+    assert metrics["trainer/loss"] == pytest.approx(total, rel=1e-6)
+    assert metrics["trainer/opd_tokens"] == 4 and metrics["trainer/topk_tokens"] == 4 and metrics["trainer/trained_tokens"] == 10
+    # The sampler's logprobs are -1 on every trained token: the ratio is exp(new_lp + 1), per token.
+    from opd.train.batch import make_batch
+    from opd.train.losses import token_logprobs
+
+    fresh = LocalTrainer(cfg, fixture_model)
+    batch = make_batch([group])
+    with torch.no_grad():
+        ratios = token_logprobs(fresh.model(input_ids=batch.tokens).logits, batch.tokens)[0][batch.trained].add(1.0).exp()
+    assert metrics["trainer/ratio_mean"] == pytest.approx(float(ratios.mean()), rel=1e-4)
+    assert metrics["trainer/ratio_max"] == pytest.approx(float(ratios.max()), rel=1e-4)
+    assert metrics["trainer/ratio_min"] == pytest.approx(float(ratios.min()), rel=1e-4)
+
+
+def test_equal_score_groups_are_dropped_unless_they_carry_the_teachers_signal(fixture_model) -> None:
+    from opd.train.trainer import LocalTrainer
+
+    varied, equal, equal_hinted = recorded_group([0.0, 1.0], teacher=False), recorded_group([1.0, 1.0], teacher=False), recorded_group([1.0, 1.0])
+    dropping = LocalTrainer(validate(compose(["trainer=local", "trainer.equal_score_groups=drop"])).trainer, fixture_model)
+    kept, dropped = dropping.trainable([varied, equal, equal_hinted])
+    assert kept == [varied, equal_hinted] and dropped == 1
+    metrics = dropping.step([varied, equal])
+    assert metrics["trainer/equal_score_groups_dropped"] == 1 and metrics["trainer/trained_tokens"] == 10  # one group's tokens
+    assert dropping.step([equal]) is None and dropping.steps == 1  # nothing left: no step
+    keeping = LocalTrainer(validate(compose(["trainer=local", "trainer.equal_score_groups=keep"])).trainer, fixture_model)
+    metrics = keeping.step([varied, equal])
+    assert metrics["trainer/equal_score_groups_dropped"] == 0 and metrics["trainer/trained_tokens"] == 20
+
+
+def test_the_refresh_check_accepts_the_noise_floor_and_fails_beyond_it_naming_the_keys(tokenizer) -> None:
+    import asyncio
+
+    from opd.serving.vllm_client import PromptScores
+    from opd.train.refresh_check import SLACK, RefreshCheck, RefreshMismatch
+    from scripted import ScriptedClient
+
+    cfg = validate(compose(["trainer=local", "trainer.refresh_check.tolerance=1.5", "trainer.refresh_check.max_start=0.1"])).trainer.refresh_check
+    check = RefreshCheck(cfg, ["http://unused/v1"], "fixture", tokenizer)
+    assert len(check.ids) == cfg.tokens
+    offset = {"value": 0.01}  # the server's logprobs sit this far from the trainer's
+
+    def served(ids: list[int], k: int) -> PromptScores:
+        return PromptScores([[] for _ in ids], [[] for _ in ids], [None] + [-1.0 + offset["value"]] * (len(ids) - 1))
+
+    check.clients = [ScriptedClient(score=served, base_url="http://a/v1")]
+
+    def trainer(ids: list[int], dtype: str) -> list[float]:
+        assert dtype == "bfloat16"  # the servers' dtype (the fixture preset's)
+        return [0.0] + [-1.0] * (len(ids) - 1)
+
+    assert asyncio.run(check.start(trainer)) == pytest.approx(0.01)
+    assert check.limit == pytest.approx(1.5 * 0.01 + SLACK)
+    offset["value"] = 0.016
+    assert asyncio.run(check.after_refresh(trainer, 1)) == pytest.approx(0.016)  # within 1.5 x 0.01 + slack
+    offset["value"] = 0.03
+    with pytest.raises(RefreshMismatch, match=r"weight version 2, the server at http://a/v1 does not serve.*0\.0300.*trainer\.refresh_check\.tolerance=1\.5"):
+        asyncio.run(check.after_refresh(trainer, 2))
+    fresh = RefreshCheck(cfg, ["http://unused/v1"], "fixture", tokenizer)
+    fresh.clients = check.clients
+    offset["value"] = 0.5  # another model entirely
+    with pytest.raises(RefreshMismatch, match=r"does not serve the checkpoint the trainer starts from.*trainer\.refresh_check\.max_start=0\.1"):
+        asyncio.run(fresh.start(trainer))
+
+
+def test_the_probe_rounds_a_copy_of_the_weights_to_the_servers_dtype_and_leaves_the_trained_ones(fixture_model) -> None:
+    from opd.train.refresh_check import mean_abs, probe_ids
+    from opd.train.trainer import LocalTrainer
+
+    trainer = LocalTrainer(validate(compose(["trainer=local"])).trainer, fixture_model)
+    with torch.no_grad():  # trained weights are float32 numbers, not bf16 ones
+        for parameter in trainer.model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)) * 1e-3)
+    before = {name: t.clone() for name, t in trainer.model.state_dict().items()}
+    ids = probe_ids(trainer.tokenizer, 64)
+    exact, rounded = trainer.probe_logprobs(ids), trainer.probe_logprobs(ids, "bfloat16")
+    assert trainer.probe_logprobs(ids, "float32") == exact and len(exact) == 64 and exact[0] == 0.0
+    assert 1e-4 < mean_abs([None, *rounded[1:]], exact) < 0.1
+    assert all(torch.equal(before[name], t) for name, t in trainer.model.state_dict().items())  # untouched
+    assert trainer.model.training  # and back in training mode

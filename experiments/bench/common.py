@@ -127,9 +127,10 @@ async def workers_cpu_s(workers: list[Any]) -> float:
 
 
 def embedded_vllm(workdir: Path, overrides: list[str] | None = None) -> Any:
-    """The embedded vLLM server on the fixture model (not started; a context manager)."""
+    """The embedded vLLM server on the fixture model (not started; a context manager), as a run
+    with these `overrides` starts it (with trainer=local: dev routes and an untied copy)."""
+    from opd.build import local_server
     from opd.fixture.build import ensure_fixture
-    from opd.serving.local_vllm import LocalVLLM
 
     cfg = compose(["server.startup_timeout_s=600", *(overrides or [])])
-    return LocalVLLM(cfg.server, str(ensure_fixture()), workdir)
+    return local_server(cfg, str(ensure_fixture()), workdir)

@@ -65,7 +65,7 @@ def bench_loop(repeats: int, base_url: str | None = None, env: str = "inline_mat
     from opd.fixture.build import ensure_fixture
 
     with tempfile.TemporaryDirectory() as tmp:
-        server = embedded_vllm(Path(tmp), ["+server.environment.VLLM_SERVER_DEV_MODE='1'"]) if base_url is None else None
+        server = embedded_vllm(Path(tmp), ["trainer=local"]) if base_url is None else None
         with server if server is not None else contextlib.nullcontext():
             url = server.base_url if server is not None else base_url
             for r in range(repeats):

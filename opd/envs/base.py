@@ -19,11 +19,14 @@ seconds (transformers, torch, wandb), so a run of ours never does.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import itertools
 import logging
 import random
 import statistics
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser, check
 from opd.data.sources import TaskSet
@@ -39,6 +42,19 @@ logger = logging.getLogger(__name__)
 
 # How long closing an environment waits for its turn parser's thread to finish loading.
 PARSER_JOIN_S = 120.0
+
+# The vLLM seeds of the current rollout's generation requests, in order (None: unseeded). Set per
+# rollout by `evaluate`; a context variable, so concurrent rollouts each read their own.
+_REQUEST_SEEDS: ContextVar[Iterator[int] | None] = ContextVar("opd_request_seeds", default=None)
+
+
+def request_seeds(*parts: Any) -> Iterator[int]:
+    """Seeds in [0, 2**31) for one rollout's requests, one after another, derived from `parts`
+    (e.g. the evaluation seed, the item id and the sample index) and the request's position: the
+    same parts give the same seeds in every process and run."""
+    for n in itertools.count():
+        digest = hashlib.blake2b(repr((*parts, n)).encode(), digest_size=8).digest()
+        yield int.from_bytes(digest, "big") % 2**31
 
 
 @dataclass
@@ -90,6 +106,11 @@ class OPDBaseEnv:
         # The version of the weights the servers serve (a trainer in the run raises it); every
         # group records the version it was generated with (`group_overrides.weight_version`).
         self.weight_version = 0
+
+    @property
+    def request_errors(self) -> int:
+        """Requests to the inference servers that failed so far (retried or not)."""
+        return self.server.request_errors
 
     async def setup(self) -> None:
         """Data is loaded before the env is built (opd.build); nothing to do here."""
@@ -151,9 +172,11 @@ class OPDBaseEnv:
 
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, stop: list[str] | None = None) -> Generation:
         """Sample one continuation of `prompt_ids` at `temperature` with the env's other sampling
-        fields (a model-call span when tracing)."""
-        with self.tracer.span("generate", "LLM", {"prompt_tokens": len(prompt_ids), "max_tokens": max_tokens, "temperature": temperature, "stop": stop}) as span:
-            (gen,) = await self.server.generate(prompt_ids, max_tokens=max_tokens, temperature=temperature, stop=stop, **self.sampling)
+        fields (a model-call span when tracing); seeded when the rollout has request seeds."""
+        seeds = _REQUEST_SEEDS.get()
+        seeded = {"seed": next(seeds)} if seeds is not None else {}
+        with self.tracer.span("generate", "LLM", {"prompt_tokens": len(prompt_ids), "max_tokens": max_tokens, "temperature": temperature, "stop": stop, **seeded}) as span:
+            (gen,) = await self.server.generate(prompt_ids, max_tokens=max_tokens, temperature=temperature, stop=stop, **self.sampling, **seeded)
             if span.active:
                 span.outputs({"text": self.tokenizer.decode(gen.token_ids), "tokens": len(gen.token_ids), "finish_reason": gen.finish_reason})
         return gen
@@ -182,17 +205,21 @@ class OPDBaseEnv:
     # ---- evaluation -------------------------------------------------------------------------
 
     async def evaluate(self, *args: Any, concurrency: int = 8, samples_per_item: int = 0, sample_temperature: float = 1.0,
-                       max_items: int | None = None, **kwargs: Any) -> EvalReport:
+                       max_items: int | None = None, seed: int | None = None, **kwargs: Any) -> EvalReport:
         """One greedy rollout per held-out item (at `eval_temperature`) and `samples_per_item`
-        sampled ones (at `sample_temperature`), `concurrency` rollouts at a time. Failed rollouts
+        sampled ones (at `sample_temperature`), `concurrency` rollouts at a time. With `seed`, each
+        request of a rollout carries a vLLM seed derived from (seed, item id, sample index, request
+        number), so evaluations of the same weights draw the same random stream. Failed rollouts
         are counted (`eval/failed_rollouts`), not hidden; an item whose greedy rollout failed is
         left out of the greedy metrics."""
         items = self.data.eval[:max_items] if max_items else self.data.eval
         semaphore = asyncio.Semaphore(concurrency)
         failed = 0
 
-        async def one(item: dict[str, Any], temperature: float) -> ItemResult | None:
+        async def one(item: dict[str, Any], temperature: float, sample: int | str) -> ItemResult | None:
             nonlocal failed
+            if seed is not None:  # this task's own context: concurrent rollouts keep their streams apart
+                _REQUEST_SEEDS.set(request_seeds(seed, item.get("id"), sample))
             async with semaphore:
                 try:
                     return await self.eval_item(item, temperature)
@@ -201,7 +228,7 @@ class OPDBaseEnv:
                     logger.warning("eval item %s failed: %s: %s", item.get("id"), type(err).__name__, err)
                     return None
 
-        runs = [[one(item, self.eval_temperature), *(one(item, sample_temperature) for _ in range(samples_per_item))] for item in items]
+        runs = [[one(item, self.eval_temperature, "greedy"), *(one(item, sample_temperature, i) for i in range(samples_per_item))] for item in items]
         results = await asyncio.gather(*(asyncio.gather(*calls) for calls in runs))
         await self.parser.get()  # the parser names are checked (see collect_trajectories)
         report = _report(items, results, samples_per_item)
@@ -249,7 +276,11 @@ def _report(items: list[dict[str, Any]], results: list[list[ItemResult | None]],
     for kind, entries in sorted(by_kind.items()):
         firsts = [f for f, _ in entries if f is not None]
         metrics[f"eval/accuracy/{kind}"] = sum(f.correct for f in firsts) / max(1, len(firsts))
+        for name in firsts[0].metrics if firsts else []:  # the env's own rates (format violations, tool use) per kind too
+            metrics[f"eval/{name}/{kind}"] = sum(f.metrics[name] for f in firsts) / len(firsts)
         if samples_per_item:
             samples = [s for _, done in entries for s in done]
             metrics[f"eval/sampled_accuracy/{kind}"] = sum(s.correct for s in samples) / max(1, len(samples))
+            for name in samples[0].metrics if samples else []:
+                metrics[f"eval/sampled_{name}/{kind}"] = sum(s.metrics[name] for s in samples) / len(samples)
     return EvalReport(metrics, rows, table)

@@ -48,6 +48,11 @@ class OPDCodingEnv(OPDBaseEnv):
         self.limits = AgentLimits(cfg.max_turns, cfg.max_tokens_per_turn, self.max_model_len)
         self.failures = FailureLog()
 
+    @property
+    def request_errors(self) -> int:
+        """Failed requests to the policy's servers and, with judge=server, to the judge's."""
+        return self.server.request_errors + (self.judge_pool.request_errors if self.judge_pool is not self.server else 0)
+
     async def setup(self) -> None:
         """Fail before generating if the server cannot return top-K = `distill_topk` rows."""
         if not self.cfg.opd.enabled:

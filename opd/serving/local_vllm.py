@@ -87,11 +87,13 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 class LocalVLLM:
     """Start, wait for and stop one vLLM OpenAI server on loopback."""
 
-    def __init__(self, settings: LocalServerConfig, model: str, workdir: Path, seed: int = 0) -> None:
+    def __init__(self, settings: LocalServerConfig, model: str, workdir: Path, seed: int = 0, weights: str | None = None) -> None:
         """`settings` is the run's server=local config; `model` the resolved model directory or hub
-        name (served under that name); the log and caches go to `workdir`."""
+        name (served under that name); `weights` another directory to load it from (an untied copy,
+        opd.train.untied); the log and caches go to `workdir`."""
         self.settings = settings
         self.model = model
+        self.weights = weights or model
         self.workdir = workdir
         self.seed = seed
         self.port = free_port()
@@ -107,7 +109,7 @@ class LocalVLLM:
         s = self.settings
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.model,
+            "--model", self.weights,
             "--served-model-name", self.model,
             "--host", "127.0.0.1",
             "--port", str(self.port),

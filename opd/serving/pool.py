@@ -32,7 +32,8 @@ class InferenceClient(Protocol):
     request_errors: int
 
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float | None = None,
-                       top_k: int | None = None, min_p: float | None = None, stop: list[str] | None = None, n: int = 1) -> list[Generation]: ...
+                       top_k: int | None = None, min_p: float | None = None, stop: list[str] | None = None, n: int = 1,
+                       seed: int | None = None) -> list[Generation]: ...
 
     async def score(self, prompt_ids: list[int], top_k: int, rows_from: int = 0) -> PromptScores: ...
 
@@ -80,6 +81,11 @@ class ServerPool:
     @property
     def request_errors(self) -> int:
         return sum(client.request_errors for client in self.clients)
+
+    @property
+    def last_error(self) -> str | None:
+        """A failed request's message (the last one of the first client that has one)."""
+        return next((error for client in self.clients if (error := getattr(client, "last_error", None))), None)
 
     async def _acquire(self) -> int:
         """Index of the server whose slot this request now holds.

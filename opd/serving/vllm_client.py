@@ -171,8 +171,9 @@ class VLLMClient:
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
-        # Requests that failed (HTTP error, timeout, connection, malformed answer).
+        # Requests that failed (HTTP error, timeout, connection, malformed answer), and the last one's message.
         self.request_errors = 0
+        self.last_error: str | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         # A session belongs to one event loop; a new loop (another asyncio.run) gets a new one.
@@ -192,6 +193,12 @@ class VLLMClient:
             await self._session.close()
             self._session = None
 
+    def _failed(self, error: ServerRequestError) -> ServerRequestError:
+        """Count `error` (and keep its message) before it is raised."""
+        self.request_errors += 1
+        self.last_error = str(error)[:300]
+        return error
+
     async def _post(self, route: str, payload: dict[str, Any], into: Any) -> Any:
         """POST `payload`; the answer decoded into the msgspec type `into`."""
         url = f"{self.base_url}{route}"
@@ -202,27 +209,25 @@ class VLLMClient:
                     raise ServerRequestError(f"POST {url} answered HTTP {response.status}: {body}", response.status)
                 raw = await response.read()
         except asyncio.TimeoutError:
-            self.request_errors += 1
-            raise ServerRequestError(f"POST {url} timed out after {self.timeout_s:g} s") from None
+            raise self._failed(ServerRequestError(f"POST {url} timed out after {self.timeout_s:g} s")) from None
         except aiohttp.ClientError as err:
-            self.request_errors += 1
-            raise ServerRequestError(f"POST {url} failed: {type(err).__name__}: {err}") from None
-        except ServerRequestError:
-            self.request_errors += 1
-            raise
+            raise self._failed(ServerRequestError(f"POST {url} failed: {type(err).__name__}: {err}")) from None
+        except ServerRequestError as err:
+            raise self._failed(err)
         try:
             return _decode(raw, into)
         except msgspec.ValidationError as err:
-            self.request_errors += 1
-            raise ServerRequestError(f"POST {url} returned an unexpected answer: {err}; {raw[:200]!r}") from None
+            raise self._failed(ServerRequestError(f"POST {url} returned an unexpected answer: {err}; {raw[:200]!r}")) from None
         except ValueError as err:
-            self.request_errors += 1
-            raise ServerRequestError(f"POST {url} answered with a body that is not JSON: {err}; {raw[:200]!r}") from None
+            raise self._failed(ServerRequestError(f"POST {url} answered with a body that is not JSON: {err}; {raw[:200]!r}")) from None
 
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float | None = None,
-                       top_k: int | None = None, min_p: float | None = None, stop: list[str] | None = None, n: int = 1) -> list[Generation]:
+                       top_k: int | None = None, min_p: float | None = None, stop: list[str] | None = None, n: int = 1,
+                       seed: int | None = None) -> list[Generation]:
         """`n` continuations of `prompt_ids`, in choice order. A sampling field left None is not
-        sent: the server's default for the model (its generation_config.json) applies."""
+        sent: the server's default for the model (its generation_config.json) applies. `seed`:
+        vLLM's per-request seed (the same seed, prompt and weights sample the same tokens; None:
+        the server's own randomness)."""
         payload: dict[str, Any] = {
             "model": self.model, "prompt": list(prompt_ids), "max_tokens": max_tokens, "temperature": temperature,
             "n": n, "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
@@ -230,21 +235,21 @@ class VLLMClient:
         payload.update({k: v for k, v in (("top_p", top_p), ("top_k", top_k), ("min_p", min_p)) if v is not None})
         if stop:
             payload["stop"] = stop
+        if seed is not None:
+            payload["seed"] = seed
         answer: _GenerationAnswer = await self._post("/completions", payload, _GenerationAnswer)
         out = []
         for choice in sorted(answer.choices, key=lambda c: c.index):
             ids = choice.token_ids
             lps = choice.logprobs.token_logprobs if choice.logprobs else None
             if ids is None or lps is None or len(ids) != len(lps):
-                self.request_errors += 1
-                raise ServerRequestError(
+                raise self._failed(ServerRequestError(
                     f"{self.base_url}/completions returned no token ids/logprobs aligned with each other "
                     "(is this a vLLM server that supports return_token_ids?)", retryable=False,
-                )
+                ))
             out.append(Generation(list(ids), [float(lp) for lp in lps], choice.finish_reason or "unknown"))
         if len(out) != n:
-            self.request_errors += 1
-            raise ServerRequestError(f"{self.base_url}/completions returned {len(out)} choices for n={n}")
+            raise self._failed(ServerRequestError(f"{self.base_url}/completions returned {len(out)} choices for n={n}"))
         return out
 
     async def score(self, prompt_ids: list[int], top_k: int, rows_from: int = 0) -> PromptScores:
@@ -254,8 +259,7 @@ class VLLMClient:
         answer: _ScoringAnswer = await self._post("/completions", payload, _ScoringAnswer)
         rows = answer.choices[0].prompt_logprobs if answer.choices else None
         if rows is None or len(rows) != len(prompt_ids):
-            self.request_errors += 1
-            raise ServerRequestError(f"{self.base_url}/completions returned {0 if rows is None else len(rows)} prompt-logprob rows for {len(prompt_ids)} tokens")
+            raise self._failed(ServerRequestError(f"{self.base_url}/completions returned {0 if rows is None else len(rows)} prompt-logprob rows for {len(prompt_ids)} tokens"))
         skipped = min(max(0, rows_from), len(rows))
         top_ids, top_lps, actual = normalise_topk_rows(list(prompt_ids[skipped:]), rows[skipped:], top_k)
         return PromptScores([[] for _ in range(skipped)] + top_ids, [[] for _ in range(skipped)] + top_lps, [None] * skipped + actual)

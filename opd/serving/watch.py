@@ -17,7 +17,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from opd.config import ConfigError
 
@@ -68,6 +68,9 @@ class ServerWatch:
         self.unreachable_timeout_s = unreachable_timeout_s
         self.restarts = 0
         self.outages = 0
+        # Called after a restart: the restarted server holds the weights it was started with
+        # (a closed loop's trainer loads its current ones again).
+        self.after_restart: list[Callable[[], Awaitable[None]]] = []
         self._lock = asyncio.Lock()
 
     async def _down(self) -> list[str]:
@@ -95,6 +98,8 @@ class ServerWatch:
         self.restarts += 1
         logger.error("the embedded vLLM server at %s is down; restarting it (%d/%d)", down[0], self.restarts, self.max_restarts)
         await asyncio.to_thread(self.local.restart)
+        for hook in self.after_restart:
+            await hook()
 
     async def _wait(self, down: list[str]) -> None:
         started = time.monotonic()

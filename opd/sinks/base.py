@@ -32,6 +32,9 @@ class Sink:
     async def write(self, written: Written) -> None:
         """Take one written group."""
 
+    async def server_restarted(self) -> None:
+        """The embedded inference server was restarted and serves the weights it started with."""
+
     async def close(self, status: str) -> None:
         """Flush and release; `status` is FINISHED, FAILED or KILLED."""
 

@@ -2,14 +2,21 @@
 `eval.every` written groups, and at the end of a run; or once, for mode=evaluate.
 
 Each evaluation runs one greedy rollout per item (`env.eval_temperature`) and
-`eval.samples_per_item` sampled ones (`eval.temperature`), and records:
+`eval.samples_per_item` sampled ones (`eval.temperature`), every request seeded from `eval.seed`,
+the item and the sample (`OPDBaseEnv.evaluate`): evaluations of the same weights draw the same
+random stream, so the first and the last evaluation of a run, or two jobs' evaluations, are
+compared on the same draws. It records:
 - `eval/*` metrics at the step (groups written so far): accuracy (greedy), sampled accuracy,
   reward, the env's own per-item means, and the same per kind of item where the dataset has
-  kinds (`eval/accuracy/<kind>`, `eval/sampled_accuracy/<kind>`);
+  kinds (`eval/accuracy/<kind>`, `eval/sampled_accuracy/<kind>`,
+  `eval/sampled_format_violation_rate/<kind>`, ...); the requests that failed meanwhile;
 - one line per item in `<run dir>/eval/step_<N>.jsonl` (item, kind, greedy result, samples,
   correct samples, rewards), also an MLflow artifact;
 - the greedy rollouts as an MLflow table (`eval/samples_step_<N>.json`: prompt, response,
   reward, correct, turns), which the UI shows in its Evaluation tab.
+At the end the summary compares the last evaluation with the first, item by item
+(`paired_change`): the mean paired gain, its bootstrap confidence interval over items and a
+one-sided Wilcoxon signed-rank p-value.
 """
 
 from __future__ import annotations
@@ -39,8 +46,10 @@ class Evaluator(Sink):
 
     async def run(self, step: int) -> EvalReport:
         """Evaluate now and record it at `step`."""
+        errors = self.env.request_errors
         report = await self.env.evaluate(concurrency=self.concurrency, samples_per_item=self.cfg.samples_per_item,
-                                         sample_temperature=self.cfg.temperature, max_items=self.cfg.max_items)
+                                         sample_temperature=self.cfg.temperature, max_items=self.cfg.max_items, seed=self.cfg.seed)
+        report.metrics["eval/server_request_errors"] = float(self.env.request_errors - errors)
         self.last, self.last_step, self.last_items = report.metrics, step, report.items
         if not self.first:
             self.first, self.first_items = report.metrics, report.items
@@ -76,7 +85,11 @@ class Evaluator(Sink):
                 out[f"summary/first_{key}"] = self.first[name]
                 out[f"summary/final_{key}"] = self.last[name]
         if self.last_items is not self.first_items:
-            out.update(paired_change(self.first_items, self.last_items))
+            out.update(paired_change(self.first_items, self.last_items, self.cfg.confidence))
+            logger.info("held-out paired gain from the first evaluation to the last: %+.4f per item, %.0f%% interval [%+.4f, %+.4f] "
+                        "(bootstrap over %d items), one-sided Wilcoxon p = %.4g", out["summary/eval_paired_gain"], 100 * self.cfg.confidence,
+                        out["summary/eval_paired_gain_low"], out["summary/eval_paired_gain_high"], out["summary/eval_paired_items"],
+                        out["summary/eval_paired_p"])
         return out
 
 
@@ -87,19 +100,30 @@ def item_accuracy(row: dict[str, Any]) -> float | None:
     return None if row.get("greedy_correct") is None else float(row["greedy_correct"])
 
 
-def paired_change(first: list[dict[str, Any]], last: list[dict[str, Any]]) -> dict[str, float]:
-    """Did held-out accuracy rise from the first evaluation to the last, beyond the noise? A paired
-    test over the same items: Wilcoxon's signed-rank test (one-sided, items whose accuracy did not
-    change left out) on per-item accuracy. `summary/eval_paired_p` is its p-value."""
+def paired_change(first: list[dict[str, Any]], last: list[dict[str, Any]], confidence: float = 0.95, resamples: int = 10_000) -> dict[str, float]:
+    """Did held-out accuracy rise from the first evaluation to the last, beyond the noise? Paired
+    over the same items (per-item accuracy, `item_accuracy`):
+    - `summary/eval_paired_gain`: the mean per-item change;
+    - `summary/eval_paired_gain_low` / `_high`: its `confidence` interval, a percentile bootstrap
+      over items (`resamples` resamples, a fixed seed: the same rows give the same interval);
+    - `summary/eval_paired_p`: Wilcoxon's signed-rank test, one-sided (a rise), items whose
+      accuracy did not change left out."""
+    import numpy as np
     from scipy.stats import wilcoxon
 
     before = {row["item_id"]: item_accuracy(row) for row in first}
     pairs = [(before[row["item_id"]], item_accuracy(row)) for row in last if before.get(row["item_id"]) is not None and item_accuracy(row) is not None]
-    diffs = [b - a for a, b in pairs]
-    changed = [d for d in diffs if d != 0]
+    diffs = np.array([b - a for a, b in pairs], dtype=np.float64)
+    changed = diffs[diffs != 0]
     p = float(wilcoxon(changed, alternative="greater").pvalue) if len(changed) >= 2 else 1.0
+    gain = float(diffs.mean()) if len(diffs) else 0.0
+    low = high = gain
+    if len(diffs) >= 2:
+        means = np.random.default_rng(0).choice(diffs, size=(resamples, len(diffs)), replace=True).mean(axis=1)
+        low, high = (float(x) for x in np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2]))
     return {"summary/eval_paired_items": float(len(pairs)), "summary/eval_paired_items_changed": float(len(changed)),
-            "summary/eval_paired_gain": sum(diffs) / max(1, len(diffs)), "summary/eval_paired_p": p}
+            "summary/eval_paired_gain": gain, "summary/eval_paired_gain_low": low, "summary/eval_paired_gain_high": high,
+            "summary/eval_paired_p": p}
 
 
 def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -65,17 +65,19 @@ class SweepCallback(Callback):
 
         hydra_cfg = config.hydra
         sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve()
+        job_cfg = copy.deepcopy(config)
+        with read_write(job_cfg), open_dict(job_cfg):  # what Hydra does to make a job's config
+            del job_cfg["hydra"]
+            job_cfg.output_dir = str(sweep_dir)
+        typed = validate(job_cfg)
+        if typed.sweep.seeds > 1:
+            self._sweep_seeds(config, typed.seed, typed.sweep.seeds)  # before the jobs are counted: it sweeps seed
         params = OmegaConf.to_container(hydra_cfg.sweeper.params, resolve=False) if OmegaConf.select(hydra_cfg, "sweeper.params") else None
         task = list(hydra_cfg.overrides.task)
         launcher = str(OmegaConf.select(hydra_cfg, "launcher._target_") or "")
         jobs = count_jobs(task, str(OmegaConf.select(hydra_cfg, "sweeper._target_") or ""), params, OmegaConf.select(hydra_cfg, "sweeper.n_trials"))
         parallel = "joblib" in launcher and OmegaConf.select(hydra_cfg, "launcher.n_jobs") not in (1,)
         state = SweepState(sweep_dir=str(sweep_dir), swept=swept_keys(task, params), jobs=jobs, started=time.time(), parallel=parallel)
-        job_cfg = copy.deepcopy(config)
-        with read_write(job_cfg), open_dict(job_cfg):  # what Hydra does to make a job's config
-            del job_cfg["hydra"]
-            job_cfg.output_dir = str(sweep_dir)
-        typed = validate(job_cfg)
         # Registered before anything is created, so a failure below still closes what exists.
         atexit.register(self._finish, completed=False)
         self.state = state
@@ -97,6 +99,25 @@ class SweepCallback(Callback):
 
             steps = None if "total_steps" in state.swept else typed.total_steps
             self.progress = SweepProgress(sweep_dir, jobs, steps)
+
+    @staticmethod
+    def _sweep_seeds(config: DictConfig, seed: int, seeds: int) -> None:
+        """sweep.seeds > 1: every sweep point runs with seed, seed + 1, ...: the override
+        `seed=<those>` joins the sweep's task overrides, which Hydra's sweeper reads after this
+        callback (a plain `seed=K` sets where they start)."""
+        from opd.config import ConfigError
+
+        sweeper = str(OmegaConf.select(config.hydra, "sweeper._target_") or "")
+        if not sweeper.endswith("BasicSweeper"):
+            raise ConfigError(f"sweep.seeds: runs every point of a grid (Hydra's basic sweeper), not with {sweeper}; sweep seed= yourself", "sweep.seeds")
+        task = [str(o) for o in config.hydra.overrides.task]
+        if "seed" in swept_keys(task, OmegaConf.to_container(config.hydra.sweeper.params, resolve=False) if OmegaConf.select(config.hydra, "sweeper.params") else None):
+            raise ConfigError("sweep.seeds: seed is swept already; sweep seeds one way, either seed=a,b,c or sweep.seeds=N", "sweep.seeds")
+        values = ",".join(str(seed + i) for i in range(seeds))
+        task = [o for o in task if o.split("=", 1)[0].lstrip("+~") != "seed"] + [f"seed={values}"]
+        with read_write(config.hydra), open_dict(config.hydra):
+            config.hydra.overrides.task = task
+        logger.info("sweep.seeds=%d: every point runs with seed=%s", seeds, values)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._finish(completed=True)

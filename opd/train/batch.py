@@ -49,6 +49,18 @@ def group_advantages(scores: list[float], eps: float = 1e-6) -> list[float]:
     return ((t - t.mean()) / (std + eps)).tolist()
 
 
+def equal_scores(group: dict[str, Any]) -> bool:
+    """Whether every rollout of `group` scored the same (its group-normalised advantages are 0)."""
+    scores = [float(s) for s in group["scores"]]
+    return len(set(scores)) <= 1
+
+
+def has_teacher_signal(group: dict[str, Any]) -> bool:
+    """Whether `group` carries the hinted teacher's logprobs on some token (opd_coding's OPD)."""
+    details = group.get("overrides") or []
+    return any(isinstance(d, dict) and any(t is not None for t in d.get("teacher_logprobs") or []) for d in details)
+
+
 def make_batch(groups: list[dict[str, Any]], max_tokens: int | None = None) -> Batch:
     """One batch from whole groups (each group's advantages computed within it); sequences are cut
     to `max_tokens` (their trained positions past it are dropped)."""

@@ -4,7 +4,8 @@ by the batch's trained-token count, so micro-batches add up to a token mean).
 - `policy_gradient`: GRPO/PPO-style clipped surrogate with the sequence's group-normalised
   advantage and the ratio new/old against the sampler's own logprobs (`inference_logprobs`);
 - `opd_advantage`: the same surrogate with the token-level OPD advantage teacher_lp - student_lp
-  (the hinted teacher's logprob of the sampled token minus the sampler's), on hinted positions;
+  (the hinted teacher's logprob of the sampled token minus the sampler's), on hinted positions,
+  clamped to [-opd_clamp, opd_clamp] (one token's -9 would otherwise outweigh the batch);
 - `topk_reverse_kl`: KL(student || teacher) over the teacher's top-K tokens plus one tail bin for
   the rest of the mass (both distributions stay normalised), on positions with teacher rows.
 Every term reads only trained positions; pad rows are absent by construction (`Batch.has_topk`).
@@ -30,6 +31,12 @@ class Terms:
     clipped: torch.Tensor
     opd_tokens: torch.Tensor
     topk_tokens: torch.Tensor
+    # OPD advantages the clamp changed.
+    opd_clamped: torch.Tensor
+    # The importance ratio new/sampler over trained tokens: its sum, largest and smallest value.
+    ratio_sum: torch.Tensor
+    ratio_max: torch.Tensor
+    ratio_min: torch.Tensor
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +59,8 @@ def _surrogate(new_lp: torch.Tensor, old_lp: torch.Tensor, advantage: torch.Tens
     return torch.where(where, loss, torch.zeros_like(loss)).sum(), was_clipped.sum()
 
 
-def terms(logits: torch.Tensor, batch: Batch, clip: float) -> Terms:
+def terms(logits: torch.Tensor, batch: Batch, clip: float, opd_clamp: float | None = None) -> Terms:
+    """The loss terms of one micro-batch; `opd_clamp` bounds the OPD advantage (None: unbounded)."""
     new_lp, logsm = token_logprobs(logits, batch.tokens)
     trained = batch.trained
     advantage = batch.advantages.unsqueeze(-1).expand_as(new_lp)
@@ -62,13 +70,20 @@ def terms(logits: torch.Tensor, batch: Batch, clip: float) -> Terms:
     log_ratio = torch.where(trained, new_lp - batch.old_logprobs, torch.zeros_like(new_lp))
     kl = torch.where(trained, torch.exp(log_ratio) - 1 - log_ratio, torch.zeros_like(new_lp)).sum()
     opd_where = batch.has_teacher & trained
-    opd_adv = (batch.teacher_logprobs - batch.old_logprobs).detach()
+    raw_adv = (batch.teacher_logprobs - batch.old_logprobs).detach()
+    opd_adv = raw_adv.clamp(-opd_clamp, opd_clamp) if opd_clamp is not None else raw_adv
     opd, _ = _surrogate(new_lp, batch.old_logprobs, opd_adv, opd_where, clip)
+    opd_clamped = ((opd_adv != raw_adv) & opd_where).sum().float()
+    ratio = torch.exp(log_ratio.detach())
+    empty = not bool(trained.any())
+    ratio_max = torch.zeros(()) if empty else ratio[trained].max()
+    ratio_min = torch.zeros(()) if empty else ratio[trained].min()
     topk = torch.zeros((), dtype=new_lp.dtype)
     topk_where = batch.has_topk & trained
     if batch.topk_ids is not None and bool(topk_where.any()):
         topk = _topk_reverse_kl(logsm, batch, topk_where)
-    return Terms(pg, opd, topk, kl, clipped.float(), opd_where.sum().float(), topk_where.sum().float())
+    return Terms(pg, opd, topk, kl, clipped.float(), opd_where.sum().float(), topk_where.sum().float(), opd_clamped,
+                 torch.where(trained, ratio, torch.zeros_like(ratio)).sum(), ratio_max, ratio_min)
 
 
 def _log1mexp(x: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,9 @@ old weights, new ones wait), told to reload its weights from a HF checkpoint dir
 (`POST /collective_rpc` with `reload_weights`), its prefix cache reset (cached prefixes were
 computed with the old weights) and resumed. Every request is answered by one version of the
 weights. Measured here on the fixture: ~0.05 s for the reload itself, a restart takes 60-90 s.
+The reload takes every tensor of the checkpoint, but a server that loaded a model with a tied
+output layer never rebuilds that layer: such a model is served from an untied copy and the trainer
+saves untied checkpoints (`opd.train.untied`); `opd.train.refresh_check` verifies each refresh.
 """
 
 from __future__ import annotations

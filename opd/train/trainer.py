@@ -2,8 +2,12 @@
 
 `LocalTrainer.step(groups)` makes one optimiser step from whole written groups (`opd.train.batch`)
 with the weighted loss terms of `opd.train.losses`, in micro-batches of `micro_batch` sequences
-whose gradients add up to a token mean over the batch. `save(directory)` writes a HF checkpoint
-(weights, config, tokenizer) that vLLM reloads in place and `server.model=` can serve again.
+whose gradients add up to a token mean over the batch. With `equal_score_groups: drop`, a group
+whose rollouts all scored the same is left out (it has no policy-gradient signal and would only
+dilute the token mean), unless it carries the hinted teacher's logprobs (opd_coding's OPD terms).
+`save(directory)` writes a HF checkpoint (weights, config, tokenizer) whose output layer is a tensor
+of its own (`opd.train.untied`), which vLLM reloads in place whole and `server.model=` can serve
+again. `probe_logprobs(ids)` is the model's logprob of each token, for the refresh check.
 It is a small trainer for experiments on data with small models on one machine; a trainer that
 scales is an external one (`trainer=atropos`).
 """
@@ -11,13 +15,15 @@ scales is an external one (`trainer=atropos`).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
 
 from opd.config import LocalTrainerConfig
-from opd.train.batch import Batch, make_batch
-from opd.train.losses import terms
+from opd.train.batch import Batch, equal_scores, has_teacher_signal, make_batch
+from opd.train.losses import terms, token_logprobs
+from opd.train.untied import save_untied
 
 logger = logging.getLogger(__name__)
 
@@ -50,49 +56,101 @@ class LocalTrainer:
         self.steps = 0
         self._tokenizer: Any = None
 
-    def step(self, groups: list[dict[str, Any]]) -> dict[str, float]:
-        """One optimiser step; returns `trainer/*` metrics (losses per term, KL to the sampler,
-        clip fraction, grad norm, tokens/s)."""
+    def trainable(self, groups: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+        """The groups this step trains on, and how many equal-score groups were left out."""
+        if self.cfg.equal_score_groups == "keep":
+            return groups, 0
+        kept = [g for g in groups if not equal_scores(g) or has_teacher_signal(g)]
+        return kept, len(groups) - len(kept)
+
+    def step(self, groups: list[dict[str, Any]]) -> dict[str, float] | None:
+        """One optimiser step; returns `trainer/*` metrics (every loss term as a sum over the batch
+        divided by its trained tokens, as `trainer/loss` is, so that the loss is the weighted sum of
+        the terms; KL to the sampler, the importance ratio, clip fraction, grad norm, tokens/s).
+        None when no group is left to train on (every one had equal scores and was dropped)."""
         torch, cfg = self.torch, self.cfg
         started = time.monotonic()
+        groups, dropped = self.trainable(groups)
+        if not groups:
+            return None
         batch = make_batch(groups, cfg.max_tokens)
         tokens = max(1, batch.trained_tokens)
-        sums = {"pg": 0.0, "opd": 0.0, "topk_kl": 0.0, "kl_to_sampler": 0.0, "clipped": 0.0, "opd_tokens": 0.0, "topk_tokens": 0.0}
+        sums = {"pg": 0.0, "opd": 0.0, "topk_kl": 0.0, "kl_to_sampler": 0.0, "clipped": 0.0, "opd_tokens": 0.0, "topk_tokens": 0.0,
+                "opd_clamped": 0.0, "ratio_sum": 0.0}
+        ratio_max, ratio_min = 0.0, math.inf
         self.optimizer.zero_grad(set_to_none=True)
         for start in range(0, batch.tokens.shape[0], cfg.micro_batch):
             micro = _rows(batch, slice(start, start + cfg.micro_batch))
             logits = self.model(input_ids=micro.tokens, attention_mask=micro.attention.long()).logits
-            t = terms(logits, micro, cfg.clip)
+            t = terms(logits, micro, cfg.clip, cfg.opd_clamp)
             loss = (cfg.loss.pg * t.pg + cfg.loss.opd_advantage * t.opd + cfg.loss.topk_kl * t.topk_kl) / tokens
             loss.backward()
             for name in sums:
                 sums[name] += float(getattr(t, name).detach())
+            if bool(micro.trained.any()):
+                ratio_max, ratio_min = max(ratio_max, float(t.ratio_max)), min(ratio_min, float(t.ratio_min))
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
         self.optimizer.step()
         self.steps += 1
         seconds = time.monotonic() - started
+        terms_per_token = {name: sums[name] / tokens for name in ("pg", "opd", "topk_kl")}
         return {
-            "trainer/loss": (cfg.loss.pg * sums["pg"] + cfg.loss.opd_advantage * sums["opd"] + cfg.loss.topk_kl * sums["topk_kl"]) / tokens,
-            "trainer/loss_pg": sums["pg"] / tokens,
-            "trainer/loss_opd_advantage": sums["opd"] / max(1.0, sums["opd_tokens"]),
-            "trainer/loss_topk_kl": sums["topk_kl"] / max(1.0, sums["topk_tokens"]),
+            "trainer/loss": cfg.loss.pg * terms_per_token["pg"] + cfg.loss.opd_advantage * terms_per_token["opd"] + cfg.loss.topk_kl * terms_per_token["topk_kl"],
+            "trainer/loss_pg": terms_per_token["pg"],
+            "trainer/loss_opd_advantage": terms_per_token["opd"],
+            "trainer/loss_topk_kl": terms_per_token["topk_kl"],
             "trainer/kl_to_sampler": sums["kl_to_sampler"] / tokens,
+            # new/sampler before this step's update: how far the trained weights are from those that sampled.
+            "trainer/ratio_mean": sums["ratio_sum"] / tokens,
+            "trainer/ratio_max": ratio_max,
+            "trainer/ratio_min": ratio_min if math.isfinite(ratio_min) else 0.0,
             "trainer/clip_fraction": sums["clipped"] / tokens,
             "trainer/grad_norm": grad_norm,
             "trainer/trained_tokens": float(tokens),
             "trainer/opd_tokens": sums["opd_tokens"],
+            "trainer/topk_tokens": sums["topk_tokens"],
+            "trainer/opd_clamped_fraction": sums["opd_clamped"] / max(1.0, sums["opd_tokens"]),
+            "trainer/equal_score_groups_dropped": float(dropped),
             "trainer/tokens_per_s": tokens / max(seconds, 1e-9),
             "trainer/step_s": seconds,
             "trainer/steps": float(self.steps),
         }
 
-    def save(self, directory: Path) -> Path:
-        """A HF checkpoint of the current weights (with the tokenizer files), for vLLM and HF."""
-        from transformers import AutoTokenizer
-
-        directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory, safe_serialization=True)
+    @property
+    def tokenizer(self) -> Any:
         if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self._tokenizer.save_pretrained(directory)
+        return self._tokenizer
+
+    def probe_logprobs(self, ids: list[int], served_dtype: str | None = None) -> list[float]:
+        """The current weights' logprob of each of `ids` given those before it (position 0: 0.0), as
+        vLLM's prompt logprobs report them; computed in float32 with the weights rounded to
+        `served_dtype` (vLLM's --dtype name) where a server holds them in less (a transient copy:
+        the trained weights are never touched), so that only the arithmetic differs from a server's."""
+        from torch.func import functional_call
+
+        torch = self.torch
+        rounding = {"bfloat16": torch.bfloat16, "float16": torch.float16, "half": torch.float16}.get(served_dtype or "")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                tensor = torch.tensor([ids])
+                if rounding is None:
+                    logits = self.model(input_ids=tensor).logits
+                else:
+                    # Every name of a tied tensor gets the same rounded copy (state_dict lists each name).
+                    rounded = {name: t.to(rounding).to(t.dtype) for name, t in self.model.state_dict().items()}
+                    logits = functional_call(self.model, rounded, (), {"input_ids": tensor}, tie_weights=False).logits
+                return token_logprobs(logits, tensor)[0][0].tolist()
+        finally:
+            self.model.train(was_training)
+
+    def save(self, directory: Path) -> Path:
+        """A HF checkpoint of the current weights with the tokenizer files, for vLLM and HF; the
+        output layer is a tensor of its own (`opd.train.untied`), so an in-place reload takes all of it."""
+        save_untied(self.model, directory)
+        self.tokenizer.save_pretrained(directory)
         return directory
