@@ -307,6 +307,28 @@ def test_proc_tmp_shm_and_user_namespaces() -> None:
     assert "left" not in second and "big" not in second, second  # nothing survives the call
 
 
+# Beside its own places (its directory, /tmp, /dev/shm), nothing in the jail is writable: bwrap's
+# own tmpfs under /, /dev and /opd has no size or file cap (found: 64 MiB and 20,000 files written
+# to / by one terminal call whose quotas were 8 MiB and 500 files).
+JAIL_PLACES = ["/", "/dev", "/opd", "/opd/bin", "/usr", "/etc"]
+WRITE_EVERYWHERE = ("import os\nwrote = []\nfor d in {places!r}:\n    for make in (lambda p: open(p, 'w').close(), os.mkdir):\n"
+                    "        try:\n            make(os.path.join(d, 'opd-probe-' + make.__name__))\n            wrote.append(d)\n"
+                    "        except OSError:\n            pass\n").format(places=JAIL_PLACES)
+
+
+def test_nothing_outside_the_calls_own_places_is_writable() -> None:
+    own = "open('mine', 'w').close(); open('/tmp/mine', 'w').close(); open('/dev/shm/mine', 'w').close(); open('/dev/null', 'w').write('x')\n"
+    result = asyncio.run(run_python(WRITE_EVERYWHERE + own + "print('wrote', wrote)\n", LIMITS))
+    assert result.error is None and "wrote []" in result.stdout, result
+    with workspace() as (_, tools):
+        call(tools, "write_file", path="probe.py", content=WRITE_EVERYWHERE + own + "print('wrote', wrote)\n")
+        assert "wrote []\n[exit code 0]" in call(tools, "terminal", command="python probe.py")
+        assert "wrote []" in call(tools, "terminal", command="python probe.py; head -c 1000 /dev/zero > /big; echo big=$?")
+    solution = WRITE_EVERYWHERE + "def written():\n    return wrote\n"
+    outcome = asyncio.run(run_tests(solution, "from solution import written\nassert written() == [], written()\n", LIMITS))
+    assert outcome.level == "pass", outcome
+
+
 # ---- hostile programs beside normal ones -----------------------------------------------------
 
 CORPUS = {
