@@ -1018,6 +1018,50 @@ def test_secrets_in_the_config_never_reach_mlflow(tmp_path: Path) -> None:
     assert "api_key: '***'" in config_yaml and "--api-key" in config_yaml
 
 
+# The command line as typed: Hydra's list, dict and sweep syntax and a URL password holding `@`
+# reached the command tag, the run's name and a sweep parent's name and overrides tag as typed.
+TYPED_SECRETS = {
+    "list_flag": "opd-secret-list-flag-8",
+    "list_flag_inline": "opd-secret-list-inline-9",
+    "dict_value": "opd-secret-dict-value-10",
+    "url_at_password": "opd-secret-p@ss-11",
+    "query_key": "opd-secret-query-key-12",
+    "swept_flag": "opd-secret-swept-flag-13",
+}
+TYPED = [
+    "total_steps=3",
+    f"server.extra_args=[--port,8000,--api-key,{TYPED_SECRETS['list_flag']},--hf-token={TYPED_SECRETS['list_flag_inline']}]",
+    f"+server.environment={{HF_TOKEN:{TYPED_SECRETS['dict_value']},HF_HOME:/data}}",
+    f"judge.base_url='http://opd:{TYPED_SECRETS['url_at_password']}@judge-host:8000/v1'",
+    f"dataset.path='https://data-host/set.jsonl?key={TYPED_SECRETS['query_key']}'",
+    f"+judge.extra_args=[--api-key,{TYPED_SECRETS['swept_flag']}],[--api-key,x{TYPED_SECRETS['swept_flag']}]",
+]
+
+
+def test_secrets_typed_on_the_command_line_never_reach_mlflow(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from opd.tracking.run import RunInfo, open_run, run_title, source_tags
+    from opd.tracking.secrets import mask_overrides
+
+    cfg = validate(compose(["env=opd_coding", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "tracking.experiment=typed"]))
+    resolved = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    argv = [str(ROOT / "experiments" / "launch.py"), *TYPED]
+    # What opd.run makes of the command line for a run, and the sweep callback for a sweep's parent.
+    info = RunInfo(run_title("opd_coding", "fixture", TYPED), None, None, {}, {}, None, source=source_tags(argv))
+    parent = {"name": "sweep " + run_title("opd_coding", "fixture", TYPED), "opd.overrides": " ".join(mask_overrides(TYPED)), **source_tags(argv)}
+    with open_run(cfg.tracking, tmp_path, resolved, info):
+        pass
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("typed").experiment_id])
+    logged = json.dumps([run.data.params, run.data.tags, run.info.run_name, parent])
+    leaked = [name for name, secret in TYPED_SECRETS.items() if secret in logged or secret.split("@")[-1] in logged]
+    assert leaked == [], leaked
+    assert "--port,8000" in run.data.tags["opd.command"] and "HF_HOME:/data" in run.data.tags["opd.command"]  # the rest as typed
+    assert "total_steps=3" in run.info.run_name and "total_steps=3" in parent["name"]
+
 # ---- third round: no weaker jail ------------------------------------------------------------
 
 
