@@ -1159,3 +1159,53 @@ def test_a_records_file_nested_too_deeply_is_a_clear_error(tmp_path: Path) -> No
     path.write_text('{"tokens": [[1]], "masks": [[1]], "scores": [0.0]}\n' + "[" * 200_000 + "]" * 200_000 + "\n")
     count, problems = check_file(path)
     assert count == 1 and len(problems) == 1 and "nested too deeply" in problems[0], problems
+
+
+# Values no run writes, in a records file handed to the viewer: one NaN score made the whole page
+# blank (the index's JSON said NaN, which JSON.parse refuses), a token id past 2^63 stopped the
+# viewer with an OverflowError, and one token id of 2,000,000,000 made it allocate 15 GiB (a table
+# slot per id up to the largest) until the kernel killed it.
+OUT_OF_RANGE = {
+    "score_nan": _set(("scores", 0), float("nan")),
+    "score_infinite": _set(("scores", 1), float("inf")),
+    "scores_overflowing_their_mean": _set(("scores",), [1e308, 1e308]),
+    "tool_errors_infinite": _set(("overrides", 0, "tool_errors"), float("inf")),
+    "detail_nan": _set(("overrides", 0, "generated_tokens"), float("nan")),
+    "token_past_int64": lambda g: g["tokens"][0].__setitem__(0, 10**30),
+    "token_negative": lambda g: g["tokens"][0].__setitem__(0, -5),
+    "token_past_the_vocabulary": lambda g: g["tokens"][0].__setitem__(0, 5_000_000),
+}
+
+
+def _strict_json(text: str) -> object:
+    """JSON as a browser's JSON.parse reads it: NaN and Infinity are not JSON."""
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_values_out_of_range_are_shown_or_named_never_break_the_viewer(tokenizer, tmp_path: Path) -> None:
+    from test_viewer import coding_group
+
+    base = coding_group(tokenizer)
+    path = tmp_path / "out_of_range.jsonl"
+    with open(path, "w") as out:
+        out.write(json.dumps(base) + "\n")
+        for name in OUT_OF_RANGE:
+            group = copy.deepcopy(base)
+            OUT_OF_RANGE[name](group)
+            out.write(json.dumps(group) + "\n")
+    page = write_viewer(path, tokenizer, tmp_path / "out_of_range.html").read_text()
+    parts = {m.group(1): m.group(2) for m in re.finditer(r'<script type="application/json" id="(\w+)">(.*?)</script>', page, re.S)}
+    summary, vocabulary = _strict_json(parts["summary"]), _strict_json(parts["vocabulary"])
+    assert len(vocabulary) <= len(tokenizer)  # a slot per id the tokenizer has, whatever ids the file holds
+    shown = {row[0] for row in summary["rows"]}
+    named = {int(p.split()[1]) for p in summary["problems"] if p.startswith("group ")}
+    assert 0 in shown and shown | named == set(range(len(OUT_OF_RANGE) + 1)), (shown, summary["problems"])
+    import base64
+    import zlib
+
+    for g in shown:  # each group the page can open has JSON its JSON.parse reads
+        blob = re.search(rf'<script type="application/octet-stream" id="g{g}">([^<]*)</script>', page).group(1)
+        data = zlib.decompress(base64.b64decode(blob))
+        _strict_json(data[int.from_bytes(data[:4], "little"):].decode())
