@@ -26,10 +26,12 @@ _SECRET_WORDS = {"password", "passwd", "pwd", "secret", "secrets", "token", "api
 _SECRET_QUERY_NAMES = {"key", "sig"}
 _SECRET_PAIRS = {("api", "key"), ("private", "key"), ("access", "key"), ("secret", "key"), ("session", "key")}
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-# scheme://user:password@host or scheme://token@host
-# (a password may hold `@` itself: it ends at the last `@` before the path)
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*)(?::(?P<password>[^/\s]*))?@")
-_QUERY = re.compile(r"(?P<head>[?&;](?P<name>[^=&;#\s]+)=)(?P<value>[^&;#\s'\"]*)")
+# scheme://user:password@host or scheme://token@host (a password may hold `@` itself: it ends at
+# the last `@` before the path). Each pattern starts only where its first part can (a scheme after
+# no scheme character, a query name after no `?`), so a long run of letters is read once, not once
+# per letter.
+_USERINFO = re.compile(r"(?P<scheme>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/@:\s]*)(?::(?P<password>[^/\s]*))?@")
+_QUERY = re.compile(r"(?P<head>[?&;](?P<name>[^=&;#\s?]+)=)(?P<value>[^&;#\s'\"]*)")
 # --api-key=VALUE (a flag and its value in one string)
 _FLAG_VALUE = re.compile(r"^(?P<flag>--?[A-Za-z0-9_.-]+)=(?P<value>.*)$", re.DOTALL)
 # A flag and its value in text: `--api-key=VALUE`, `--api-key VALUE`, `[--api-key,VALUE]`.
