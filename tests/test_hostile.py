@@ -610,7 +610,10 @@ EXPRESSIONS = st.recursive(
 )
 # Each of these took seconds (or did not return) on the event loop, or is the largest allowed case.
 CALCULATOR_ATTACKS = ["round(1, -10**7)", "round(1, -10**9)", "round(-7, -(10**8))", "round(10**99, -10**6)", "comb(10000, 5000)",
-                      "perm(10000, 10000)", "factorial(170)", "9**9**9", "lcm(10**99 + 1, 10**99 - 1)", "round(1.5, -10**9)", "round(2.5, 10**9)"]
+                      "perm(10000, 10000)", "factorial(170)", "9**9**9", "lcm(10**99 + 1, 10**99 - 1)", "round(1.5, -10**9)", "round(2.5, 10**9)",
+                      # the fresh-eyes round (each held): the largest products, literals and quotients allowed
+                      "comb(10000, 5000) * comb(10000, 5000)", "lcm(" + ", ".join(str(10_000 - i) for i in range(14)) + ")", "0x" + "f" * 190,
+                      "round(10**100, -400)", "10**100 // 1e-300", "-" * 190 + "1", "(" * 90 + "1" + ")" * 90]
 
 
 def _tool_stalls(capsys: pytest.CaptureFixture, name: str, stalls: Stalls) -> None:
