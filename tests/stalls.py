@@ -4,11 +4,14 @@ A ticker task wakes every millisecond; between two of its wakes the loop ran som
 stall of such a gap is the CPU time the loop's thread spent in it (`time.thread_time`): what the
 code under test computed on the loop. CPU time, not wall time, so that a machine loaded by other
 jobs (the ticker's thread waiting for a core) does not read as a stall; the wall gap is kept too.
+The objects alive before a call are frozen (`gc.freeze`): a full garbage collection of the test
+process's heap (60-100 ms under pytest), which any allocation may start, is not the call's stall.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -57,6 +60,7 @@ async def _measured(call: Awaitable[Any]) -> tuple[Any, float, float]:
 
 def measure(stalls: Stalls, label: str, make: Callable[[], Awaitable[Any]]) -> Any:
     """Run `make()` on a fresh event loop beside the ticker; fold its worst gap into `stalls`."""
+    gc.freeze()  # only what the call allocates is collected during it
     result, cpu, wall = asyncio.run(_measured(make()))
     stalls.calls += 1
     if cpu > stalls.cpu_s:

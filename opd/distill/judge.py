@@ -2,8 +2,9 @@
 
 A vote counts only when the judge finished it: one cut off at `max_tokens` may stop inside a
 quote, so it is discarded (unparseable) and counted. A vote whose hint repeats text the policy put
-between hint markers in the turn or the state is the policy's verdict, not the judge's: it is
-discarded too (unparseable) and counted.
+between hint markers in the turn or the state (however it spelt the markers and the hint:
+look-alike or invisible characters, case and spacing do not count) is the policy's verdict, not
+the judge's: it is discarded too (unparseable) and counted.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from opd.config import JudgeConfig
-from opd.distill.judge_prompt import Vote, judge_messages, parse_vote, quoted_hints
+from opd.distill.judge_prompt import Vote, judge_messages, parse_vote, quoted_hints, same_hint
 from opd.distill.turn_pairs import TurnPair
 from opd.serving.vllm_client import ChatReply
 
@@ -68,7 +69,7 @@ async def judge_pair(pair: TurnPair, chat: ChatFn, cfg: JudgeConfig) -> Judgemen
     judgement = Judgement(failed=sum(r is None for r in replies), cut_off=sum(r is not None and r.finish_reason == CUT_OFF for r in replies))
     for reply in replies:
         vote = Vote(None, "") if reply is None or reply.finish_reason == CUT_OFF else parse_vote(reply.text)
-        if vote.hint and vote.hint in planted:  # the policy's verdict, repeated: not a vote of the judge's
+        if vote.hint and same_hint(vote.hint) in planted:  # the policy's verdict, repeated: not a vote of the judge's
             judgement.planted += 1
             vote = Vote(None, "")
         judgement.votes.append(vote)

@@ -2,8 +2,8 @@
 
 Per call (`env.sandbox.backend: bwrap`):
 - its own mount namespace: the interpreter and the system's libraries read-only, the call's own
-  directory the only writable place on disk, a private `/tmp` and `/dev/shm` (RAM-backed, gone
-  with the call), its own `/proc` (a new PID namespace: it sees only its own processes), no network
+  directory, a private `/tmp` and `/dev/shm` (RAM-backed, gone with the call) the only writable
+  places (the rest of the jail, bwrap's own tmpfs under `/`, is read-only), its own `/proc` (a new PID namespace: it sees only its own processes), no network
   (a new network namespace), no new user namespaces, a new session, and it dies with its parent;
 - as root, every place it can write is a tmpfs capped in bytes and in files (`opd.tools.tmpfs`):
   the workspace (`workspace_mb`, `workspace_files`), and per call its /tmp and /dev/shm together,
@@ -476,7 +476,11 @@ def _bwrap(limits: SandboxConfig, area: CallArea, argv: list[str], read_only: tu
         *(["--share-net"] if not limits.isolate_network else []),
         *_system_binds(), *binds, *links,
         "--proc", "/proc", "--dev", "/dev", *scratch,
-        "--bind", work, work, "--chdir", work,
+        "--bind", work, work,
+        # bwrap's own tmpfs under /, /dev and the directories it made has no size or file cap:
+        # read-only once every mount point is made, so the call writes only where its quotas hold.
+        "--remount-ro", "/dev", "--remount-ro", "/",
+        "--chdir", work,
         "--", *argv,
     ]
 

@@ -335,7 +335,7 @@ def run_title(env: str, model: str, overrides: list[str], limit: int = 200) -> s
         if key in _UNNAMED or key.startswith(_UNNAMED_PREFIXES) or secrets.secret_key(key):
             continue
         shown.append(override.lstrip("+"))
-    name = " ".join([env, model, *shown])
+    name = " ".join([env, model, *secrets.mask_overrides(shown)])
     return name if len(name) <= limit else name[: limit - 3] + "..."
 
 

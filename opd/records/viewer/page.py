@@ -80,6 +80,7 @@ def write_viewer(groups_path: Path, tokenizer: Any, html_path: Path) -> Path:
     rows: list[list[Any]] = []
     problems: list[str] = []
     used = np.zeros(0, dtype=bool)
+    vocabulary_size = len(tokenizer)
     partial = html_path.with_name(html_path.name + ".part")
     try:
         with tempfile.TemporaryFile(dir=html_path.parent) as blobs:
@@ -88,12 +89,13 @@ def write_viewer(groups_path: Path, tokenizer: Any, html_path: Path) -> Path:
                     try:
                         row = summarise(index, group)
                         packed, id_arrays = pack_group(group)
-                    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:  # not a group of this format
+                    except (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError) as err:  # not a group of this format
                         problems.append(f"group {index} (line {index + 1}) not shown: {type(err).__name__}: {err}")
                         logger.warning("%s: %s", groups_path, problems[-1])
                         continue
                     rows.append(row)
                     for ids in id_arrays:
+                        ids = ids[ids < vocabulary_size]  # only ids the tokenizer has get a slot (the page shows the others as ⟨id⟩)
                         if ids.size:
                             top = int(ids.max())
                             if top >= used.size:

@@ -45,8 +45,14 @@ def _scaled(values: Any, name: str) -> np.ndarray:
 
 
 def _ids(values: Any) -> np.ndarray:
-    """Token ids as uint16 where they fit (vocabularies up to 65,536), else uint32."""
-    array = np.asarray(values, dtype=np.int64)
+    """Token ids as uint16 where they fit (vocabularies up to 65,536), else uint32; ValueError for
+    an id outside [0, 2^32) (none is a token of any vocabulary)."""
+    try:
+        array = np.asarray(values, dtype=np.int64)
+    except OverflowError:
+        raise ValueError("token ids must be below 2^32") from None
+    if array.size and (array.min() < 0 or array.max() >= 2**32):
+        raise ValueError(f"token ids must be in [0, 2^32): found {int(array.min() if array.min() < 0 else array.max())}")
     return array.astype("<u2" if array.size == 0 or array.max() < 2**16 else "<u4")
 
 
@@ -110,5 +116,6 @@ def pack_group(group: dict[str, Any]) -> tuple[bytes, list[np.ndarray]]:
     meta = {"group_overrides": group.get("group_overrides") or {}, "generation_params": group.get("generation_params") or {},
             "scales": SCALES, "sequences": sequences}
     chunks[0] = struct.pack("<I", offset)
-    chunks.append(json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    # No NaN or Infinity: the page's JSON.parse refuses them (ValueError: the group is not shown, and said so).
+    chunks.append(json.dumps(meta, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8"))
     return zlib.compress(b"".join(chunks), LEVEL), id_arrays

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 # The index's columns, in the order `summarise` returns them (the page reads them by name).
 COLUMNS = ["group", "item", "env", "rollouts", "score_mean", "score_std", "score_min", "score_max",
            "passed", "failed", "hinted_turns", "scored_turns", "format_violations", "tool_calls", "tool_errors", "judged_turns"]
@@ -45,21 +47,25 @@ def hinted(turn: dict[str, Any]) -> bool:
 
 
 def summarise(index: int, group: dict[str, Any]) -> list[Any]:
-    """One index row (values in `COLUMNS` order) for the group at line `index` of its file."""
+    """One index row (values in `COLUMNS` order) for the group at line `index` of its file; every
+    number finite or None (the page reads the row as JSON, which has no NaN). Raises ValueError
+    for a score that is not a finite number."""
     env = env_of(group)
     scores = [float(s) for s in group.get("scores") or []]
+    if not all(math.isfinite(s) for s in scores):
+        raise ValueError(f"scores must be finite numbers: {[s for s in scores if not math.isfinite(s)][:3]}")
     details = group.get("overrides") or [{} for _ in scores]
     outcomes = [passed(env, d) for d in details]
     turns = [t for d in details for t in d.get("opd_turns") or []]
-    mean = sum(scores) / len(scores) if scores else 0.0
-    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores)) if scores else 0.0
+    with np.errstate(all="ignore"):  # scores near the float limit: a mean or spread past it is shown as unknown
+        mean, std = (float(np.mean(scores)), float(np.std(scores))) if scores else (0.0, 0.0)
     return [
         index,
         str((group.get("group_overrides") or {}).get("item_id", "")),
         env,
         len(scores),
-        round(mean, 4),
-        round(std, 4),
+        _rounded(mean),
+        _rounded(std),
         round(min(scores), 4) if scores else 0.0,
         round(max(scores), 4) if scores else 0.0,
         sum(o is True for o in outcomes),
@@ -71,3 +77,7 @@ def summarise(index: int, group: dict[str, Any]) -> list[Any]:
         sum(int(d.get("tool_errors") or 0) for d in details),
         len(turns),
     ]
+
+
+def _rounded(value: float) -> float | None:
+    return round(value, 4) if math.isfinite(value) else None
