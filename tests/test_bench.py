@@ -29,6 +29,11 @@ def test_overhead_bench_drives_the_real_stack_against_the_scripted_server() -> N
     assert 0.2 < result["fraction_of_ideal"] <= 1.05 and 0.2 < result["bare_client_fraction_of_ideal"] <= 1.05
     assert result["fraction_of_bare_client"] == pytest.approx(result["fraction_of_ideal"] / result["bare_client_fraction_of_ideal"])
     assert result["env_cpu_ms_per_rollout"] > 0 and result["event_loop"] == "uvloop"
+    # Where a rollout's time went: the request is most of it, and the phases add up to the total.
+    spent = result["latency_ms"]
+    assert 45 <= spent["request"] <= spent["total"] and {"slot", "prompt", "reward", "check", "sinks"} <= set(spent)
+    top_level = sum(ms for name, ms in spent.items() if "/" not in name and name != "total")
+    assert top_level == pytest.approx(spent["total"], abs=0.1) and result["bare_client_request_ms"] >= 45
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from opd import latency
 from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser, check
 from opd.data.sources import TaskSet
 from opd.serving.pool import ServerPool
@@ -110,7 +111,8 @@ class OPDBaseEnv:
         try:
             group = await self.make_group(item, roots)
             group["group_overrides"]["weight_version"] = version
-            await self.parser.get()  # no group before the parser names are checked (a ConfigError ends the run)
+            with latency.phase("parser_load"):
+                await self.parser.get()  # no group before the parser names are checked (a ConfigError ends the run)
         except BaseException as err:
             for root in roots:
                 self.tracer.end_root(root, error=err)

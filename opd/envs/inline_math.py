@@ -20,6 +20,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from opd import latency
 from opd.agent.tool_calls import ToolCallError, run_parsed_call
 from opd.config import InlineMathEnvConfig, InlineMathRewardConfig
 from opd.envs import math_prompt
@@ -91,7 +92,8 @@ class InlineMathEnv(OPDBaseEnv):
             before = len(rollout.text)
             rollout.sequence.add_generated(gen.token_ids, gen.logprobs)
             rollout.generated_tokens += len(gen.token_ids)
-            piece = self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+            with latency.phase("parse"):
+                piece = self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
             rollout.text += piece
             rollout.written += piece
             if gen.finish_reason == "length":
@@ -102,14 +104,18 @@ class InlineMathEnv(OPDBaseEnv):
                 rollout.finish = "eos"
                 return rollout
             segment = rollout.text[since:]
-            calls = (await self.parser.get()).calls(segment)
+            with latency.phase("parser_load"):
+                parser = await self.parser.get()
+            with latency.phase("parse"):
+                calls = parser.calls(segment)
             if not calls and gen.token_ids and gen.token_ids[-1] == self.tokenizer.eos_token_id:
                 rollout.finish = "eos"  # the marker is the end of the message (Mistral's </s>) and no call came
                 return rollout
             if "</think>" in rollout.written:
                 rollout.finish = "tool_after_think"
                 return rollout
-            await self._answer_call(rollout, calls[-1] if calls else ToolCallError(f"{end} without {self.chat_format.call_start}"))
+            with latency.phase("tool"):
+                await self._answer_call(rollout, calls[-1] if calls else ToolCallError(f"{end} without {self.chat_format.call_start}"))
             since = len(rollout.text)
         rollout.finish = "max_new_tokens" if rollout.generated_tokens >= self.cfg.max_new_tokens else "context"
         return rollout
@@ -143,14 +149,16 @@ class InlineMathEnv(OPDBaseEnv):
 
     async def make_group(self, item: dict[str, Any], roots: list[Any]) -> ScoredDataGroup:
         """`group_size` rollouts of one problem, scored."""
-        prompt = self.prompt_ids(item["problem"], use_pool=True)
+        with latency.phase("prompt"):
+            prompt = self.prompt_ids(item["problem"], use_pool=True)
 
         async def traced(root: Any) -> Rollout:
-            with self.tracer.attach(root):
+            with self.tracer.attach(root), latency.rollout():
                 return await self.rollout(prompt, self.temperature)
 
         rollouts = await asyncio.gather(*(traced(root) for root in roots))
-        scored = [await self.score(r, item["answer"]) for r in rollouts]
+        with latency.phase("reward"):
+            scored = [await self.score(r, item["answer"]) for r in rollouts]
         self._grow_pool(item["problem"], rollouts, scored)
         details = [
             {

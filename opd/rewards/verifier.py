@@ -22,6 +22,8 @@ import sys
 from collections import OrderedDict
 from typing import Any
 
+from opd.latency import phase
+
 logger = logging.getLogger(__name__)
 
 # How long a new worker may take to import math-verify and say it is ready.
@@ -73,6 +75,11 @@ class Verifier:
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
+        with phase("verify"):
+            return await self._check(key)
+
+    async def _check(self, key: tuple[str, str]) -> bool | None:
+        predicted = key[0]
         worker = await self._take()
         try:
             ok = await asyncio.wait_for(self._ask(worker, key), timeout=self.timeout_s)
@@ -113,7 +120,8 @@ class Verifier:
                 return self._idle.pop()
             self._started += 1
         try:
-            return await asyncio.to_thread(_Worker, self.memory_mb, max(1, round(self.timeout_s)))
+            with phase("worker_start"):
+                return await asyncio.to_thread(_Worker, self.memory_mb, max(1, round(self.timeout_s)))
         except BaseException:
             self._started -= 1
             raise
