@@ -167,3 +167,19 @@ def test_equal_score_groups_are_dropped_where_atroposlib_drops_them(make_env) ->
     assert env.drop_reason(collect(env)) is None
     env = make_env([RIGHT, RIGHT], ["group_size=2", "mode=serve", "env.drop_equal_scores=false"])
     assert env.drop_reason(collect(env)) is None
+
+
+def test_setup_starts_math_verify_workers_ahead_and_close_stops_them(make_env) -> None:
+    """The first groups' scoring does not wait for a worker to import math-verify: `setup`
+    starts them beside the first requests; `close` stops them."""
+    env = make_env([(ANSWER, "stop")], ["reward.verify_workers=2"])
+
+    async def main() -> list:
+        await env.setup()
+        await env.ready()
+        workers = list(env.verifier._workers)
+        await env.close()
+        return workers
+
+    workers = asyncio.run(main())
+    assert len(workers) == 2 and all(w.process.poll() is not None for w in workers)

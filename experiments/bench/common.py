@@ -99,6 +99,7 @@ async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path, worke
 
     env = environment(cfg, url)
     await env.setup()
+    await env.ready()  # its set-up (the turn parser, math-verify's workers) is not what is timed
     groups = build.groups_in_flight(cfg, 1)
     stamps, file = Stamps(), GroupFile(path)
     await file.open()

@@ -94,6 +94,11 @@ class OPDBaseEnv:
     async def setup(self) -> None:
         """Data is loaded before the env is built (opd.build); nothing to do here."""
 
+    async def ready(self) -> None:
+        """Wait for what the env sets up in the background (the turn parser, and what `setup`
+        starts), raising what failed there: a benchmark's timing then measures no set-up."""
+        await self.parser.get()
+
     async def get_next_item(self) -> dict[str, Any]:
         """The next training item: a seeded shuffle of the train split, epoch after epoch."""
         if not self._order:

@@ -17,6 +17,7 @@ the inserted tool responses are masked (-100) and carry no logprob. Generation i
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,8 @@ from opd.rewards.verifier import Verifier
 from opd.tools import math_tools
 from opd.tools.calculator import CalculatorLimits
 from opd.tools.registry import Toolbox, ToolOutcome
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import ScoredDataGroup
@@ -64,6 +67,7 @@ class InlineMathEnv(OPDBaseEnv):
         self.reward_cfg = reward
         self.rubric = Rubric(rewards.SIGNALS, reward.weights)
         self.verifier = Verifier(reward.verify_workers, reward.verify_timeout_s)
+        self._verifier_start: asyncio.Task[None] | None = None
         self.toolbox = Toolbox(math_tools.TOOLS, math_tools.MathTools(CalculatorLimits(max_chars=cfg.calculator_max_chars), cfg.sandbox))
         self.dynamic_pool: list[tuple[str, str]] = []
         fmt = self.chat_format
@@ -71,6 +75,19 @@ class InlineMathEnv(OPDBaseEnv):
         self.system_prompt = math_prompt.system_prompt(fmt, cfg.tool_instruction)
         # What marks tool text after </think> as a format violation: a call, or an inserted response.
         self.tool_markers = (fmt.call_start, fmt.response_template.split("$result")[0].strip() or fmt.call_start)
+
+    async def setup(self) -> None:
+        """Start math-verify's workers beside the first requests: the first groups' scoring then
+        does not wait a second or more for a worker to import math-verify."""
+        await super().setup()
+        if self._verifier_start is None:
+            self._verifier_start = asyncio.create_task(self.verifier.start())
+            self._verifier_start.add_done_callback(_log_failed_start)
+
+    async def ready(self) -> None:
+        await super().ready()
+        if self._verifier_start is not None:
+            await self._verifier_start
 
     def prompt_ids(self, problem: str, use_pool: bool) -> list[int]:
         shots = list(self.few_shots[: self.cfg.few_shots])
@@ -212,4 +229,11 @@ class InlineMathEnv(OPDBaseEnv):
 
     async def close(self) -> None:
         await super().close()
+        if self._verifier_start is not None:  # a start in progress finishes (bounded), so close() stops its workers too
+            await asyncio.gather(self._verifier_start, return_exceptions=True)
         self.verifier.close()
+
+
+def _log_failed_start(start: asyncio.Task[None]) -> None:
+    if not start.cancelled() and (err := start.exception()) is not None:
+        logger.warning("math-verify's workers could not be started ahead (%s: %s); each check starts one when it needs it", type(err).__name__, err)
