@@ -189,3 +189,16 @@ def test_close_stops_busy_workers_too() -> None:
 
     worker, _ = run_loop(main())
     assert worker.process.poll() is not None and not verifier._workers
+
+
+@pytest.mark.parametrize(("predicted", "reference"), [("007", "7"), ("-0", "0"), ("+5", "5"), ("-3", "3"), ("12345678901234567", "12345678901234568"),
+                                                      ("0", "00"), ("41", "42"), ("5", "5.0"), ("1e3", "1000")])
+def test_integers_are_compared_without_a_round_trip_as_math_verify_compares_them(verifier, predicted: str, reference: str) -> None:
+    class NoRoundTrip:
+        async def matches(self, predicted: str, reference: str) -> bool | None:
+            raise AssertionError("asked math-verify about two integers")
+
+    text = f"<think>x</think>\\boxed{{{predicted}}}"
+    by_math_verify = run_loop(verifier.matches(predicted, reference))
+    both_integers = all(a.lstrip("+-").isdigit() for a in (predicted, reference))
+    assert run_loop(check_answer(text, reference, NoRoundTrip() if both_integers else verifier, 200)) is by_math_verify
