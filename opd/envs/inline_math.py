@@ -169,13 +169,15 @@ class InlineMathEnv(OPDBaseEnv):
         with latency.phase("prompt"):
             prompt = self.prompt_ids(item["problem"], use_pool=True)
 
-        async def traced(root: Any) -> Rollout:
+        async def traced(root: Any) -> tuple[Rollout, Scored]:
             with self.tracer.attach(root), latency.rollout():
-                return await self.rollout(prompt, self.temperature)
+                rollout = await self.rollout(prompt, self.temperature)
+                # Scored as soon as it ends: a verifier round trip overlaps the others' requests.
+                with latency.phase("reward"):
+                    return rollout, await self.score(rollout, item["answer"])
 
-        rollouts = await asyncio.gather(*(traced(root) for root in roots))
-        with latency.phase("reward"):
-            scored = [await self.score(r, item["answer"]) for r in rollouts]
+        results = await asyncio.gather(*(traced(root) for root in roots))
+        rollouts, scored = [r for r, _ in results], [s for _, s in results]
         self._grow_pool(item["problem"], rollouts, scored)
         details = [
             {
