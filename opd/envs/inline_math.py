@@ -231,7 +231,7 @@ class InlineMathEnv(OPDBaseEnv):
 
     async def close(self) -> None:
         await super().close()
-        if self._verifier_start is not None:  # a start in progress finishes (bounded), so close() stops its workers too
+        if self._verifier_start is not None and not self._verifier_start.done():  # it finishes (bounded): close() stops its workers too
             await asyncio.gather(self._verifier_start, return_exceptions=True)
         self.verifier.close()
 
