@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", choices=[*BENCHES, "all", "compare"])
     parser.add_argument("--repeats", type=int, default=3, help="measurements per point (the median is reported)")
     parser.add_argument("--embedded", action="store_true", help="startup: also time the embedded vLLM server cold and warm")
+    parser.add_argument("--url", help="e2e: a running vLLM server's /v1 URL serving the fixture model, instead of starting one (two checkouts can then share it)")
     parser.add_argument("--root", type=Path, default=ROOT,
                         help="startup: the checkout whose launcher is timed; compare: the other checkout (a worktree of another commit gives a before/after)")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench")
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         kwargs: dict[str, Any] = {"embedded": args.embedded, "root": args.root.resolve()} if name == "startup" else {}
         if name == "compare":
             kwargs["root"] = args.root.resolve()
+        if name == "e2e" and args.url:
+            kwargs["base_url"] = args.url
         if name in ("overhead", "compare"):
             kwargs["workers"] = tuple(int(w) for w in args.workers.split(","))
             if args.latency:
