@@ -35,6 +35,7 @@ PHASES = {
     "reward": "scoring the rollouts (the verifier's round trips included)",
     "opd": "the OPD stage: judge votes and teacher scoring",
     "group_wait": "a finished rollout waiting for the rest of its group",
+    "transfer": "with environment workers: the item to a worker and its group back (Ray)",
     "queued": "a finished group waiting for the runner to take it",
     "check": "the record check",
     "sinks": "the writer and the other sinks",
@@ -109,6 +110,25 @@ async def within(ledger: Ledger, work: Awaitable[T]) -> T:
         return await work
     finally:
         ledger.ended = time.perf_counter()
+
+
+def export(ledger: Ledger) -> dict[str, Any]:
+    """`ledger` as plain data for another process: its phases, its wall time and each rollout's
+    phases and end (seconds after the ledger's start: clocks differ between nodes)."""
+    start = ledger.started
+    return {"phases": dict(ledger.phases), "wall": (ledger.ended or start) - start,
+            "rollouts": [(dict(r.phases), (r.ended or start) - start) for r in ledger.rollouts]}
+
+
+def absorb(ledger: Ledger, remote: dict[str, Any], received: float) -> None:
+    """Add what another process timed for the same group (`export`, e.g. an environment worker's)
+    to `ledger`, as if it ended when its group was `received` here: its phases, its rollouts, and
+    the rest of the wait here as `transfer`."""
+    started = received - remote["wall"]
+    for name, seconds in remote["phases"].items():
+        ledger.add(name, seconds)
+    ledger.rollouts.extend(Ledger(started=started, ended=started + end, phases=dict(phases)) for phases, end in remote["rollouts"])
+    ledger.add("transfer", max(0.0, started - ledger.started))
 
 
 def current() -> Ledger | None:

@@ -57,3 +57,18 @@ def test_breakdown_adds_up_to_each_rollouts_latency() -> None:
     assert list(means)[:5] == ["request", "group_wait", "check", "sinks", "reward/verify"]
     assert means["request"] == pytest.approx(300) and means["other"] == pytest.approx(170) and means["total"] == pytest.approx(600)
     assert breakdown([]) == {}
+
+
+def test_a_workers_ledger_joins_the_drivers_with_the_rest_as_transfer() -> None:
+    """An environment worker times its part of a group on its own clock; the driver adds it as
+    if it ended when the group arrived, and the remaining wait is the Ray call's `transfer`."""
+    remote = Ledger(started=500.0, ended=500.4, phases={"reward": 0.05})
+    remote.rollouts = [Ledger(started=500.0, ended=500.3, phases={"request": 0.25}), Ledger(started=500.0, ended=500.35, phases={"request": 0.3})]
+    driver = Ledger(started=10.0)
+    latency.absorb(driver, latency.export(remote), received=10.5)
+    assert driver.phases["reward"] == 0.05 and driver.phases["transfer"] == pytest.approx(0.1)
+    assert [r.phases for r in driver.rollouts] == [{"request": 0.25}, {"request": 0.3}]
+    assert [round(r.ended, 6) for r in driver.rollouts] == [10.4, 10.45]
+    first, second = rollout_phases(driver, finished=10.6)
+    assert first["group_wait"] == pytest.approx(0.05) and first["total"] == pytest.approx(0.6)
+    assert first["other"] == pytest.approx(0.6 - 0.25 - 0.05 - 0.1 - 0.05)
