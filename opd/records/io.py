@@ -54,23 +54,33 @@ def _json_line(value: Any) -> str:
 
 
 def group_line(group: dict[str, Any]) -> str:
-    """One group as a line of JSON (no newline), the same values as `json.dumps` gives: the
-    per-token arrays by msgspec, the rest by json. A NaN or infinity is refused (ValueError) as
-    json refuses it: msgspec would write null, so a null in an array sends the whole group to json."""
+    """One group as a line of JSON (no newline), the same values as `json.dumps` gives (see
+    `line_parts`)."""
+    return "".join(line_parts(group))
+
+
+def line_parts(group: dict[str, Any]) -> list[str]:
+    """A group's JSON line in pieces, written one after another (the line is never copied whole):
+    the per-token arrays by msgspec, the rest by json, the same values as `json.dumps` gives. A NaN
+    or infinity is refused (ValueError) as json refuses it: msgspec would write null, so a null in
+    an array sends the whole group to json."""
     if not isinstance(group, dict):
-        return _json_line(group)
-    parts = []
+        return [_json_line(group)]
+    parts = ["{"]
     for key, value in group.items():
+        if len(parts) > 1:
+            parts.append(",")
         if key in _ARRAYS and value is not None:
             encoded = _encode_array(value)
             if b"null" in encoded:  # a NaN, an infinity (or a None) in the array: json decides
-                return _json_line(group)
-            parts.append(f'"{key}":{encoded.decode()}')
+                return [_json_line(group)]
+            parts += [f'"{key}":', encoded.decode()]
         elif isinstance(key, str):
-            parts.append(f"{json.dumps(key, ensure_ascii=False)}:{_json_line(value)}")
+            parts += [json.dumps(key, ensure_ascii=False), ":", _json_line(value)]
         else:  # json's own conversion of other keys
-            return _json_line(group)
-    return "{" + ",".join(parts) + "}"
+            return [_json_line(group)]
+    parts.append("}")
+    return parts
 
 
 def _is_gzip(path: Path) -> bool:
@@ -106,7 +116,8 @@ class GroupWriter:
         self.written = 0
 
     def write(self, group: dict[str, Any]) -> None:
-        self._file.write(group_line(group) + "\n")
+        self._file.writelines(line_parts(group))
+        self._file.write("\n")
         self._file.flush()  # on a gzip file: a sync flush, so the line is decodable on disk
         if self.fsync:
             os.fsync(self._file.fileno())
