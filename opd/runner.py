@@ -33,6 +33,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from tqdm import tqdm
 
+from opd import latency
 from opd.config import ConfigError
 from opd.records import check_group, is_valid
 from opd.sinks.base import Sink, Written
@@ -100,8 +101,12 @@ class Runner:
 
     def __init__(self, env: GroupSource, sinks: list[Sink], total_steps: int, limits: RunnerLimits, *,
                  on_failure: Callable[[BaseException], Awaitable[None]] | None = None, progress: bool = True,
-                 kept: list[dict[str, Any]] | None = None, drop: Callable[[dict[str, Any]], str | None] | None = None) -> None:
+                 kept: list[dict[str, Any]] | None = None, drop: Callable[[dict[str, Any]], str | None] | None = None,
+                 latency_ledgers: list[tuple[latency.Ledger, float]] | None = None) -> None:
         self.env, self.sinks, self.total_steps, self.limits = env, sinks, total_steps, limits
+        # Given a list: each written group's latency ledger and when it was written (opd.latency).
+        self.latency_ledgers = latency_ledgers
+        self._ledgers: dict[asyncio.Task, latency.Ledger] = {}
         self.on_failure = on_failure
         self.drop = drop
         self.stats = RunStats()
@@ -134,7 +139,12 @@ class Runner:
         """Start groups: enough in flight to finish, never more than the limit."""
         while len(self.in_flight) < self.limits.groups_in_flight and self.stats.written + len(self.in_flight) < self.total_steps:
             item, tries = self.retry.popleft() if self.retry else (await self._next_item(), 0)
-            task = asyncio.create_task(self.env.collect_trajectories(item))
+            if self.latency_ledgers is None:
+                task = asyncio.create_task(self.env.collect_trajectories(item))
+            else:
+                ledger = latency.Ledger()
+                task = asyncio.create_task(latency.within(ledger, self.env.collect_trajectories(item)))
+                self._ledgers[task] = ledger
             self.in_flight[task] = (item, tries + 1)
 
     async def _next_item(self) -> Any:
@@ -148,20 +158,26 @@ class Runner:
 
     async def _finished(self, task: asyncio.Task) -> None:
         item, tries = self.in_flight.pop(task)
+        ledger = self._ledgers.pop(task, None)
+        taken = time.perf_counter()
         err = task.exception()
         if isinstance(err, ConfigError):
             raise err
         group = None if err is not None else task.result()[0]
         if group is not None and not is_valid(group):
             err = ValueError("invalid group: " + "; ".join(check_group(group)[:3]))
+        if ledger is not None and ledger.ended is not None:
+            ledger.add("queued", taken - ledger.ended)
+            ledger.add("check", time.perf_counter() - taken)
         if err is not None:
             await self._failed(item, tries, err)
         elif self.drop is not None and (reason := self.drop(group)) is not None:
             self._dropped(item, reason)
         elif self.stats.written < self.total_steps:
-            await self._write(group)
+            await self._write(group, ledger)
 
-    async def _write(self, group: dict[str, Any]) -> None:
+    async def _write(self, group: dict[str, Any], ledger: latency.Ledger | None = None) -> None:
+        started = time.perf_counter()
         self.stats.written += 1
         metrics = {
             **self.env.group_metrics(group),
@@ -174,6 +190,10 @@ class Runner:
         written = Written(group, self.stats.written, metrics)
         for sink in self.sinks:
             await sink.write(written)
+        if ledger is not None and self.latency_ledgers is not None:
+            finished = time.perf_counter()
+            ledger.add("sinks", finished - started)
+            self.latency_ledgers.append((ledger, finished))
         self.bar.update(1)
         self.bar.set_postfix(failed=self.stats.failed, groups_per_s=f"{self.stats.groups_per_s:.2f}")
 

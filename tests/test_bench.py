@@ -29,6 +29,11 @@ def test_overhead_bench_drives_the_real_stack_against_the_scripted_server() -> N
     assert 0.2 < result["fraction_of_ideal"] <= 1.05 and 0.2 < result["bare_client_fraction_of_ideal"] <= 1.05
     assert result["fraction_of_bare_client"] == pytest.approx(result["fraction_of_ideal"] / result["bare_client_fraction_of_ideal"])
     assert result["env_cpu_ms_per_rollout"] > 0 and result["event_loop"] == "uvloop"
+    # Where a rollout's time went: the request is most of it, and the phases add up to the total.
+    spent = result["latency_ms"]
+    assert 45 <= spent["request"] <= spent["total"] and {"slot", "prompt", "reward", "check", "sinks"} <= set(spent)
+    top_level = sum(ms for name, ms in spent.items() if "/" not in name and name != "total")
+    assert top_level == pytest.approx(spent["total"], abs=0.1) and result["bare_client_request_ms"] >= 45
 
 
 @pytest.mark.slow
@@ -94,3 +99,39 @@ def test_slow_responses_time_out_per_request_and_the_run_ends_instead_of_hanging
                                         "runner.groups_in_flight=1", "runner.max_attempts_per_item=1"])
     assert "timed out after 1 s" in str(info.value.__cause__)
     assert time.monotonic() - started < 120
+
+
+def test_compare_alternates_the_checkouts_and_reports_the_ratio_per_point(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Each point is run by both checkouts in turn (this, other, other, this: drifting load falls
+    on both), and the ratio pairs runs that were next to each other."""
+    from experiments.bench import compare
+
+    calls: list[tuple[str, float, int]] = []
+    speed = {str(ROOT): [100.0, 90.0, 120.0], str(tmp_path): [50.0, 60.0, 40.0]}
+
+    def fake_run(checkout, latency_s, in_flight, workers, overrides):
+        calls.append((str(checkout), latency_s, in_flight))
+        rate = speed[str(checkout)][sum(c[0] == str(checkout) and c[1:] == (latency_s, in_flight) for c in calls) - 1]
+        return {"rollouts_per_s": rate, "fraction_of_ideal": rate / 200, "fraction_of_bare_client": rate / 180, "latency_ms": {"request": 100.0, "total": 1000 / rate}}
+
+    monkeypatch.setattr(compare, "overhead_run", fake_run)
+    results = list(compare.bench_compare(3, tmp_path, latencies=(0.1,), limits=(1, 8)))
+    assert [(r["latency_s"], r["in_flight"]) for r in results] == [(0.1, 1), (0.1, 8)]
+    this, other = str(ROOT), str(tmp_path)
+    assert [c[0] for c in calls[:6]] == [this, other, other, this, this, other]
+    (first, _) = results
+    assert first["ratio_runs"] == [2.0, 1.5, 3.0] and first["ratio"] == 2.0
+    assert first["this_rollouts_per_s"] == 100.0 and first["other_rollouts_per_s"] == 50.0
+    assert first["this_latency_ms"] == {"request": 100.0, "total": 10.0}
+
+
+@pytest.mark.slow
+def test_compare_runs_each_checkouts_own_bench(tmp_path) -> None:
+    """Against this same checkout (an A/A run): two real overhead runs a side, a ratio near 1."""
+    proc = subprocess.run([sys.executable, "-m", "experiments.bench", "compare", "--root", str(ROOT), "--latency", "0.05", "--in-flight", "2",
+                           "--repeats", "2", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (line,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert line["bench"] == "compare" and line["other_commit"] == line["git_commit"] and len(line["ratio_runs"]) == 2
+    assert 0.5 < line["ratio"] < 2 and line["this_latency_ms"]["request"] >= 45
+    assert (tmp_path / "compare.jsonl").read_text().count("\n") == 1

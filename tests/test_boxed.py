@@ -121,3 +121,84 @@ def test_a_worker_that_never_gets_ready_fails_its_check_in_bounded_time(monkeypa
         assert asyncio.run(checker.matches("0.5", "\\frac{1}{2}")) is True
     finally:
         checker.close()
+
+
+def test_workers_started_ahead_answer_the_first_check_without_a_start() -> None:
+    """`start()` starts every worker at once, warmed up: the first checks wait for no start."""
+    import asyncio
+
+    from opd import latency
+
+    verifier = Verifier(workers=2, timeout_s=5)
+
+    async def checks() -> None:
+        await asyncio.gather(verifier.matches("0.5", "\\frac{1}{2}"), verifier.matches("2/4", "\\frac{1}{2}"))
+
+    async def main() -> latency.Ledger:
+        await verifier.start()
+        ledger = latency.Ledger()
+        await latency.within(ledger, checks())
+        return ledger
+
+    try:
+        ledger = run_loop(main())
+        assert len(verifier._workers) == 2 and all(w.process.poll() is None for w in verifier._workers)
+    finally:
+        verifier.close()
+    assert "verify" in ledger.phases and "verify/worker_start" not in ledger.phases
+
+
+def test_the_same_answer_asked_at_once_is_checked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    verifier = Verifier(workers=2, timeout_s=5)
+    asked: list[tuple[str, str]] = []
+    ask = verifier._ask
+
+    async def counted(worker, key):
+        asked.append(key)
+        return await ask(worker, key)
+
+    monkeypatch.setattr(verifier, "_ask", counted)
+
+    async def main() -> list[bool | None]:
+        return await asyncio.gather(*(verifier.matches("0.5", "\\frac{1}{2}") for _ in range(8)), verifier.matches("0.25", "\\frac{1}{2}"))
+
+    try:
+        results = run_loop(main())
+    finally:
+        verifier.close()
+    assert results == [True] * 8 + [False]
+    assert sorted(asked) == [("0.25", "\\frac{1}{2}"), ("0.5", "\\frac{1}{2}")]  # eight rollouts, one round trip
+
+
+def test_close_stops_busy_workers_too() -> None:
+    """A check still running when the run closes (e.g. a hostile answer) does not leave its
+    worker process behind."""
+    import asyncio
+
+    verifier = Verifier(workers=1, timeout_s=30)
+
+    async def main() -> tuple[object, bool | None]:
+        await verifier.start()
+        (worker,) = verifier._workers
+        hostile = asyncio.ensure_future(verifier.matches("9^{9^{9^{9}}}", "7"))
+        await asyncio.sleep(0.3)  # the worker is busy with it
+        verifier.close()
+        return worker, await asyncio.gather(hostile, return_exceptions=True)
+
+    worker, _ = run_loop(main())
+    assert worker.process.poll() is not None and not verifier._workers
+
+
+@pytest.mark.parametrize(("predicted", "reference"), [("007", "7"), ("-0", "0"), ("+5", "5"), ("-3", "3"), ("12345678901234567", "12345678901234568"),
+                                                      ("0", "00"), ("41", "42"), ("5", "5.0"), ("1e3", "1000")])
+def test_integers_are_compared_without_a_round_trip_as_math_verify_compares_them(verifier, predicted: str, reference: str) -> None:
+    class NoRoundTrip:
+        async def matches(self, predicted: str, reference: str) -> bool | None:
+            raise AssertionError("asked math-verify about two integers")
+
+    text = f"<think>x</think>\\boxed{{{predicted}}}"
+    by_math_verify = run_loop(verifier.matches(predicted, reference))
+    both_integers = all(a.lstrip("+-").isdigit() for a in (predicted, reference))
+    assert run_loop(check_answer(text, reference, NoRoundTrip() if both_integers else verifier, 200)) is by_math_verify

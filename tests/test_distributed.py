@@ -399,3 +399,6 @@ def test_the_overhead_bench_runs_on_workers_and_counts_their_cpu(ray_address: st
     assert 0.1 < result["fraction_of_ideal"] <= 1.05 and 0.1 < result["bare_client_fraction_of_ideal"] <= 1.05
     # The workers generated (their CPU), the driver only checked and wrote (its own).
     assert result["workers_cpu_ms_per_rollout"] > 0 and result["env_cpu_ms_per_rollout"] > 0
+    # The breakdown has the workers' phases too (the request took the server's 50 ms there).
+    spent = result["latency_ms"]
+    assert spent["request"] >= 45 and {"slot", "transfer", "check", "sinks"} <= set(spent) and spent["total"] >= spent["request"]

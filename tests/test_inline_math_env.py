@@ -167,3 +167,48 @@ def test_equal_score_groups_are_dropped_where_atroposlib_drops_them(make_env) ->
     assert env.drop_reason(collect(env)) is None
     env = make_env([RIGHT, RIGHT], ["group_size=2", "mode=serve", "env.drop_equal_scores=false"])
     assert env.drop_reason(collect(env)) is None
+
+
+def test_setup_starts_math_verify_workers_ahead_and_close_stops_them(make_env) -> None:
+    """The first groups' scoring does not wait for a worker to import math-verify: `setup`
+    starts them beside the first requests; `close` stops them."""
+    env = make_env([(ANSWER, "stop")], ["reward.verify_workers=2"])
+
+    async def main() -> list:
+        await env.setup()
+        await env.ready()
+        workers = list(env.verifier._workers)
+        await env.close()
+        return workers
+
+    workers = asyncio.run(main())
+    assert len(workers) == 2 and all(w.process.poll() is not None for w in workers)
+
+
+def test_rollouts_are_scored_as_they_finish_not_after_the_whole_group(make_env, tokenizer) -> None:
+    """A slow check of one rollout's answer overlaps its siblings' requests instead of
+    following them."""
+    import time
+
+    env = make_env([(ANSWER, "stop")] * 2, ["group_size=2"])
+    env.client.latency = 0.3
+    env.server.free = [1]  # one slot: the second rollout's request runs while the first is checked
+    checking: list[float] = []
+
+    async def slow_check(predicted: str, reference: str) -> bool:
+        checking.append(time.perf_counter())
+        await asyncio.sleep(0.3)
+        return True
+
+    env.verifier.matches = slow_check
+    item = {"id": "t1", "problem": "What is 2 + 3?", "answer": "5.0"}  # 5 vs 5.0: not equal as text, not both integers
+
+    async def main() -> float:
+        await env.ready()  # the turn parser loaded: not what is timed
+        started = time.perf_counter()
+        await env.collect_trajectories(item)
+        return time.perf_counter() - started
+
+    wall = asyncio.run(main())
+    # Request, request + check, check: 0.9 s; checks after the whole group took 1.2 s.
+    assert len(checking) == 2 and wall < 1.05

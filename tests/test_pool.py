@@ -41,6 +41,24 @@ def test_oversubscribed_requests_queue_for_the_slots_without_polling() -> None:
     assert wall < 0.5  # 4 waves of 50 ms; polling once a second (atroposlib's manager) made this >= 1 s
 
 
+def test_a_request_times_its_wait_for_a_slot_apart_from_the_request_itself() -> None:
+    from opd import latency
+
+    pool = ServerPool([timed(0.05)], slots=1)
+
+    async def one() -> latency.Ledger:
+        ledger = latency.Ledger()
+        await latency.within(ledger, pool.generate([1, 2], max_tokens=1, temperature=1.0))
+        return ledger
+
+    async def main() -> list[latency.Ledger]:
+        return await asyncio.gather(one(), one())
+
+    first, second = run_loop(main())
+    assert first.phases["request"] >= 0.045 and second.phases["request"] >= 0.045  # timers may fire a little early
+    assert first.phases["slot"] < 0.02 and second.phases["slot"] >= 0.045  # the second waited for the first's slot
+
+
 def test_rollouts_judge_and_teacher_requests_share_one_pool() -> None:
     client = timed(0.05)
     pool = ServerPool([client], slots=3)

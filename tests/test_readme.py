@@ -74,8 +74,10 @@ CHECKS: dict[str, tuple[str, str]] = {
     "RAY_ADDRESS=head:6379 RAY_AUTH_MODE=token python -m experiments.launch env=opd_coding runner.workers=16 model=qwen3 server=vllm "
     "server.model=Qwen/Qwen3-4B server.base_urls=[http://gpu-a:8000/v1,http://gpu-b:8000/v1]":
         ("compose", "a Ray cluster and GPU servers"),
-    "python -m experiments.bench overhead|opd|records|startup|e2e|tools|viewer|all [--repeats 3] [--embedded] [--set KEY=VALUE] [--root DIR]":
+    "python -m experiments.bench overhead|opd|records|startup|e2e|tools|viewer|all [--repeats 3] [--embedded] [--set KEY=VALUE] [--root DIR] [--url URL]":
         ("help", "benchmarks take minutes each"),
+    "python -m experiments.bench compare --root DIR [--latency S] [--in-flight N] [--workers N,M] [--repeats 3]":
+        ("help", "two checkouts' overhead benches side by side: minutes"),
     ".venv/bin/python -m pytest": ("pytest", "the suite collects"),
     ".venv/bin/python -m pytest -m \"not vllm\"": ("pytest", "the subset collects"),
     ".venv/bin/python -m opd.fixture.build --out /tmp/fixture": ("help", "training the fixture takes 8 minutes"),

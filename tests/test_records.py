@@ -7,6 +7,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -313,3 +314,35 @@ def test_each_kind_of_break_is_named_by_its_rule() -> None:
         breaks(group)
         assert not is_valid(group), name
         assert name in by_name
+
+
+def _encoded(encode, group):
+    try:
+        return "value", json.loads(encode(group))
+    except (ValueError, TypeError, UnicodeEncodeError) as err:
+        return "error", type(err).__name__
+
+
+@settings(max_examples=400, deadline=None)
+@given(mutated_groups())
+def test_the_writers_line_holds_what_json_would_write(group: dict) -> None:
+    """The per-token arrays go through msgspec: the same values back, and what json refuses
+    (a NaN, an infinity) is refused too, never written as null."""
+    from opd.records.io import group_line
+
+    by_json = _encoded(lambda g: json.dumps(g, ensure_ascii=False, allow_nan=False), group)
+    assert _encoded(group_line, group) == by_json
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_the_writer_refuses_a_non_finite_logprob_as_json_does(tmp_path, bad: float) -> None:
+    group = good_group()
+    group["inference_logprobs"][0][-1] = bad
+    group["tokens"] = [np.array(t) for t in group["tokens"]]  # numpy rows are plain lists in the file
+    with GroupWriter(tmp_path / "g.jsonl") as writer, pytest.raises(ValueError, match="not JSON compliant"):
+        writer.write(group)
+    good = good_group()
+    good["tokens"] = [np.array(t) for t in good["tokens"]]
+    with GroupWriter(tmp_path / "h.jsonl") as writer:
+        writer.write(good)
+    assert next(read_groups(tmp_path / "h.jsonl")) == good_group()

@@ -166,3 +166,34 @@ def test_a_resumed_run_skips_the_kept_items_and_continues_the_count(tmp_path) ->
     assert stats.written == 5 and stats.resumed == 2 and sorted(scores) == [2.0, 3.0, 4.0]  # items 0 and 1 not done again
     assert [w.step for w in recorder.seen] == [3, 4, 5]
     assert stats.history["reward/mean"][:2] == [0.0, 1.0]  # the kept groups start the history
+
+
+def test_a_latency_breakdown_times_each_written_group_from_its_start_to_its_sinks(tmp_path) -> None:
+    """With `latency_ledgers`, each written group's ledger holds what its task timed and what the
+    runner did with it (queued, check, sinks); a failed group has none."""
+    from opd import latency
+
+    class TimedEnv(ScriptedEnv):
+        async def collect_trajectories(self, item: int):
+            with latency.phase("request"):
+                return await super().collect_trajectories(item)
+
+    class SlowSink(Sink):
+        async def write(self, written: Written) -> None:
+            await asyncio.sleep(0.03)
+
+    ledgers: list = []
+    limits = RunnerLimits(groups_in_flight=2, max_attempts_per_item=1, max_failed_groups=10)
+
+    async def main():
+        env = TimedEnv(fail=lambda item, attempt: item == 1, delay=0.05)
+        return await Runner(env, [SlowSink()], 3, limits, progress=False, latency_ledgers=ledgers).run()
+
+    stats = asyncio.run(main())
+    assert stats.written == 3 and stats.failed == 1 and len(ledgers) == 3
+    for ledger, written_at in ledgers:
+        assert ledger.phases["request"] >= 0.045 and ledger.phases["sinks"] >= 0.025  # timers may fire a little early
+        assert {"queued", "check"} <= set(ledger.phases)
+        assert written_at - ledger.started >= 0.07  # from the group's start to its sinks' end
+    means = latency.breakdown(ledgers)
+    assert means["total"] >= means["request"] + means["sinks"]

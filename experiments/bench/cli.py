@@ -1,5 +1,6 @@
 """Benchmarks: `python -m experiments.bench <name> [--repeats N]`, names: overhead, opd, records,
-startup, e2e, tools, loop, viewer, all.
+startup, e2e, tools, loop, viewer, all; and `compare --root DIR`, the overhead bench of this
+checkout and of DIR side by side.
 
 Each result is one JSON line on stdout, also appended to outputs/bench/<name>.jsonl with the time,
 git commit and host. These machines are noisy: every ratio is measured within one run, repeated,
@@ -22,6 +23,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from experiments.bench.common import ROOT  # noqa: E402
+from experiments.bench.compare import bench_compare  # noqa: E402
 from experiments.bench.e2e import bench_e2e  # noqa: E402
 from experiments.bench.loop import bench_loop  # noqa: E402
 from experiments.bench.opd_stage import bench_opd  # noqa: E402
@@ -45,16 +47,17 @@ def _context() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("name", choices=[*BENCHES, "all"])
+    parser.add_argument("name", choices=[*BENCHES, "all", "compare"])
     parser.add_argument("--repeats", type=int, default=3, help="measurements per point (the median is reported)")
     parser.add_argument("--embedded", action="store_true", help="startup: also time the embedded vLLM server cold and warm")
+    parser.add_argument("--url", help="e2e: a running vLLM server's /v1 URL serving the fixture model, instead of starting one (two checkouts can then share it)")
     parser.add_argument("--root", type=Path, default=ROOT,
-                        help="startup: the checkout whose launcher is timed (a worktree of another commit gives a before/after)")
+                        help="startup: the checkout whose launcher is timed; compare: the other checkout (a worktree of another commit gives a before/after)")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a Hydra override for every run's config, e.g. runner.oversubscribe=2")
-    parser.add_argument("--workers", default="1", help="overhead: environment processes to compare, e.g. 1,2 (above 1 on a local Ray cluster)")
-    parser.add_argument("--latency", type=float, action="append", help="overhead: seconds per request (repeatable; default 0.1 and 1)")
-    parser.add_argument("--in-flight", type=int, action="append", help="overhead: request limits (repeatable; default 1, 8, 32, 128)")
+    parser.add_argument("--workers", default="1", help="overhead, compare: environment processes to compare, e.g. 1,2 (above 1 on a local Ray cluster)")
+    parser.add_argument("--latency", type=float, action="append", help="overhead, compare: seconds per request (repeatable; default 0.1 and 1)")
+    parser.add_argument("--in-flight", type=int, action="append", help="overhead, compare: request limits (repeatable; default 1, 8, 32, 128)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -63,16 +66,21 @@ def main(argv: list[str] | None = None) -> int:
         from opd.tracking.run import git_commit
 
         context["timed_commit"] = git_commit(args.root)[:12]
+    benches = {**BENCHES, "compare": bench_compare}
     for name in (list(BENCHES) if args.name == "all" else [args.name]):
         kwargs: dict[str, Any] = {"embedded": args.embedded, "root": args.root.resolve()} if name == "startup" else {}
-        if name == "overhead":
+        if name == "compare":
+            kwargs["root"] = args.root.resolve()
+        if name == "e2e" and args.url:
+            kwargs["base_url"] = args.url
+        if name in ("overhead", "compare"):
             kwargs["workers"] = tuple(int(w) for w in args.workers.split(","))
             if args.latency:
                 kwargs["latencies"] = tuple(args.latency)
             if args.in_flight:
                 kwargs["limits"] = tuple(args.in_flight)
         with open(args.out / f"{name}.jsonl", "a", encoding="utf-8") as log:
-            for result in BENCHES[name](args.repeats, overrides=tuple(args.set), **kwargs):
+            for result in benches[name](args.repeats, overrides=tuple(args.set), **kwargs):
                 line = json.dumps({**result, **context}, default=float)
                 sys.stdout.write(line + "\n")
                 sys.stdout.flush()

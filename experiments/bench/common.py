@@ -82,9 +82,10 @@ def environment(cfg: Any, url: str) -> Any:
 async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path, workers: list[Any] | None = None) -> dict[str, Any]:
     """Write `rollouts` / group_size groups through the real runner (on Ray environment `workers`
     when given: `opd.distributed`); wall and this process's CPU time (with workers, theirs too:
-    `workers_cpu_s`), and when each group was written (`written_at`, monotonic). Neither counts
-    math-verify's worker processes."""
-    from opd import build
+    `workers_cpu_s`), when each group was written (`written_at`, monotonic) and where each
+    rollout's time went (`latency_ms`, ms per rollout by phase: `opd.latency`; with workers only
+    the driver's phases). Neither CPU time counts math-verify's worker processes."""
+    from opd import build, latency
     from opd.runner import Runner, RunnerLimits
     from opd.sinks.base import Sink, Written
     from opd.sinks.jsonl import GroupFile
@@ -98,10 +99,12 @@ async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path, worke
 
     env = environment(cfg, url)
     await env.setup()
+    await env.ready()  # its set-up (the turn parser, math-verify's workers) is not what is timed
     groups = build.groups_in_flight(cfg, 1)
     stamps, file = Stamps(), GroupFile(path)
     await file.open()
     workers_cpu0 = await workers_cpu_s(workers) if workers is not None else 0.0
+    ledgers: list[tuple[Any, float]] = []
     cpu0 = time.process_time()
     try:
         source: Any = env
@@ -109,14 +112,15 @@ async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path, worke
             from opd.distributed.source import WorkerSource
 
             source = WorkerSource(env, workers, cfg.runner.ray.startup_timeout_s)
-        stats = await Runner(source, [file, stamps], rollouts // cfg.group_size, RunnerLimits(groups, 1, 0), progress=False).run()
+        stats = await Runner(source, [file, stamps], rollouts // cfg.group_size, RunnerLimits(groups, 1, 0), progress=False,
+                             latency_ledgers=ledgers).run()
     finally:
         await file.close("FINISHED")
         await env.close()
     cpu_s = time.process_time() - cpu0
     workers_cpu = await workers_cpu_s(workers) - workers_cpu0 if workers is not None else 0.0
     return {"wall_s": stats.elapsed, "cpu_s": cpu_s, "workers_cpu_s": workers_cpu, "rollouts": stats.written * cfg.group_size,
-            "written_at": stamps.at, "groups_in_flight": groups}
+            "written_at": stamps.at, "groups_in_flight": groups, "latency_ms": latency.breakdown(ledgers)}
 
 
 async def workers_cpu_s(workers: list[Any]) -> float:

@@ -127,4 +127,6 @@ def bench_e2e(repeats: int, limit: int = 16, base_url: str | None = None, runs: 
                         "work_window_s": max(0.0, last - first) if work else 0.0,
                         "metrics_samples": len(everything), "metrics_samples_missed": len(sampler.missed),
                         "env_cpu_ms_per_rollout": 1000 * run["cpu_s"] / run["rollouts"],
+                        # Where a rollout's time went, ms per rollout by phase (opd.latency).
+                        "latency_ms": {name: round(ms, 2) for name, ms in run["latency_ms"].items()},
                     }

@@ -21,15 +21,19 @@ async def bare_client(url: str, limit: int, requests: int, prompt: list[int]) ->
 
     body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": 64, "logprobs": 0, "return_token_ids": True}).encode()
     slots = asyncio.Semaphore(limit)
+    latencies: list[float] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def one() -> None:
-            async with slots, session.post(f"{url}/completions", data=body, headers={"Content-Type": "application/json"}) as resp:
-                await resp.read()
+            async with slots:
+                sent = time.perf_counter()
+                async with session.post(f"{url}/completions", data=body, headers={"Content-Type": "application/json"}) as resp:
+                    await resp.read()
+                latencies.append(time.perf_counter() - sent)
 
         started, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(one() for _ in range(requests)))
-        return {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu0}
+        return {"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu0, "request_ms": 1000 * sum(latencies) / len(latencies)}
 
 
 def first_prompt(cfg: Any) -> list[int]:
@@ -92,5 +96,9 @@ def bench_overhead(repeats: int, latencies: tuple[float, ...] = (0.1, 1.0), limi
                     # With workers: the driver's part above, the workers' (all of them) here.
                     "workers_cpu_ms_per_rollout": median([1000 * run["workers_cpu_s"] / run["rollouts"] for run in runs]),
                     "bare_client_cpu_ms_per_request": median([1000 * b["cpu_s"] / rollouts for b in bare]),
+                    # Where a rollout's time went (ms per rollout by phase, median of the repeats;
+                    # opd.latency), beside a bare request's round trip in the same run.
+                    "latency_ms": {name: round(median([run["latency_ms"].get(name, 0.0) for run in runs]), 2) for name in runs[0]["latency_ms"]},
+                    "bare_client_request_ms": median([b["request_ms"] for b in bare]),
                     "event_loop": "uvloop" if cfg.runner.uvloop else "asyncio",
                 }

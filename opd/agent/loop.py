@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable
 from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser, harmony_message
 from opd.agent.chat_tokens import continuation_ids, mistral_call_id, special_ids
 from opd.agent.tool_calls import ToolCall, ToolCallError, run_parsed_call
+from opd.latency import phase
 from opd.records import Sequence
 from opd.serving.vllm_client import Generation
 from opd.tools.registry import Toolbox
@@ -78,19 +79,23 @@ async def run_agent(
     fmt = fmt or ChatFormat()
     tools = toolbox.schemas()
     parser = parser or TurnParser(fmt, tokenizer, tools)
-    rollout = AgentRollout(Sequence.from_prompt(fmt.render_ids(tokenizer, messages, tools, add_generation_prompt=True)), list(messages))
+    with phase("prompt"):
+        rollout = AgentRollout(Sequence.from_prompt(fmt.render_ids(tokenizer, messages, tools, add_generation_prompt=True)), list(messages))
     for turn in range(limits.max_turns):
         turn_ids = await _assistant_turn(rollout, tokenizer, generate, limits, temperature)
         if turn_ids is None:
             break
-        ready = parser if isinstance(parser, TurnParser) else await parser.get()
-        calls = ready.parse(rollout.messages[-1]["content"], turn_ids).calls
+        with phase("parser_load"):
+            ready = parser if isinstance(parser, TurnParser) else await parser.get()
+        with phase("parse"):
+            calls = ready.parse(rollout.messages[-1]["content"], turn_ids).calls
         if fmt.harmony:  # the Harmony template takes channels and calls as fields, not as text
             rollout.messages[-1] = {**harmony_message(rollout.messages[-1]["content"], calls), "sampled": rollout.messages[-1]["content"]}
         if not calls:
             rollout.finish = "answer"
             break
-        tool_messages = [{"role": "tool", "content": r} for r in await _run_calls(rollout, toolbox, calls, tracer or Tracer.off())]
+        with phase("tool"):
+            tool_messages = [{"role": "tool", "content": r} for r in await _run_calls(rollout, toolbox, calls, tracer or Tracer.off())]
         if fmt.tool_call_ids == "mistral":
             _add_call_ids(rollout.messages[-1], calls, tool_messages)
         if turn == limits.max_turns - 1:
@@ -98,7 +103,8 @@ async def run_agent(
             rollout.finish = "max_turns"
             break
         end_token = tokenizer.convert_ids_to_tokens(turn_ids[-1])
-        rollout.sequence.add_inserted(continuation_ids(tokenizer, rollout.messages, tool_messages, tools, fmt.render_kwargs, end_token))
+        with phase("prompt"):
+            rollout.sequence.add_inserted(continuation_ids(tokenizer, rollout.messages, tool_messages, tools, fmt.render_kwargs, end_token))
         rollout.messages += tool_messages
     return rollout
 
@@ -118,7 +124,8 @@ async def _assistant_turn(rollout: AgentRollout, tokenizer: Any, generate: Gener
     seq.add_generated(gen.token_ids, gen.logprobs)
     ids = list(gen.token_ids)
     ended = gen.finish_reason != "length" and bool(ids) and (ids[-1] == tokenizer.eos_token_id or ids[-1] in special_ids(tokenizer))
-    text = tokenizer.decode(ids[:-1] if ended else [t for t in ids if t != tokenizer.eos_token_id], skip_special_tokens=False)
+    with phase("parse"):
+        text = tokenizer.decode(ids[:-1] if ended else [t for t in ids if t != tokenizer.eos_token_id], skip_special_tokens=False)
     rollout.messages.append({"role": "assistant", "content": text})
     rollout.turns.append(TurnSpan(start, len(seq.tokens), len(rollout.messages) - 1))
     if not ended:

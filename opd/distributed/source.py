@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from opd import latency
 from opd.config import Config
 from opd.data.sources import TaskSet
 from opd.envs.base import OPDBaseEnv
@@ -77,12 +79,16 @@ class WorkerSource:
         from ray.exceptions import RayActorError, RayTaskError
 
         avoid = None
+        ledger = latency.current()  # the run asks where the time goes: the worker times its part too
         while True:
             worker = await self._pick(avoid)
             worker.in_flight += 1
-            ref = worker.actor.collect.remote(item, self.env.weight_version)
+            ref = worker.actor.collect.remote(item, self.env.weight_version, *(() if ledger is None else (True,)))
             try:
                 group = await ref
+                if ledger is not None:
+                    group, spent = group
+                    latency.absorb(ledger, spent, time.perf_counter())
                 worker.groups += 1
                 return group, []
             except RayTaskError as err:

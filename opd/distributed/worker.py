@@ -10,6 +10,7 @@ nothing: groups go back to the driver, which checks and writes them.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import os
@@ -17,6 +18,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from opd import latency
 from opd.config import Config
 from opd.data.sources import TaskSet
 
@@ -53,11 +55,16 @@ class EnvWorker:
             self.ready = True
         return os.getpid()
 
-    async def collect(self, item: dict[str, Any], weight_version: int) -> dict[str, Any]:
-        """One group of `item`, recording `weight_version` (the driver's, which a trainer raises)."""
+    async def collect(self, item: dict[str, Any], weight_version: int, timed: bool = False) -> dict[str, Any] | tuple[dict[str, Any], dict[str, Any]]:
+        """One group of `item`, recording `weight_version` (the driver's, which a trainer raises);
+        with `timed`, also where its time went here (`opd.latency.export`)."""
         self.env.weight_version = weight_version
-        group, _ = await self.env.collect_trajectories(item)
-        return dict(group)
+        if not timed:
+            group, _ = await self.env.collect_trajectories(item)
+            return dict(group)
+        ledger = latency.Ledger()
+        group, _ = await asyncio.ensure_future(latency.within(ledger, self.env.collect_trajectories(item)))  # a task: the ledger stays in it
+        return dict(group), latency.export(ledger)
 
     def stats(self) -> dict[str, float]:
         """What the summary adds up over workers, and this process's CPU seconds so far (the

@@ -28,6 +28,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
+from opd import latency
 from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser, check
 from opd.data.sources import TaskSet
 from opd.serving.pool import ServerPool
@@ -115,6 +116,11 @@ class OPDBaseEnv:
     async def setup(self) -> None:
         """Data is loaded before the env is built (opd.build); nothing to do here."""
 
+    async def ready(self) -> None:
+        """Wait for what the env sets up in the background (the turn parser, and what `setup`
+        starts), raising what failed there: a benchmark's timing then measures no set-up."""
+        await self.parser.get()
+
     async def get_next_item(self) -> dict[str, Any]:
         """The next training item: a seeded shuffle of the train split, epoch after epoch."""
         if not self._order:
@@ -132,7 +138,8 @@ class OPDBaseEnv:
         try:
             group = await self.make_group(item, roots)
             group["group_overrides"]["weight_version"] = version
-            await self.parser.get()  # no group before the parser names are checked (a ConfigError ends the run)
+            with latency.phase("parser_load"):
+                await self.parser.get()  # no group before the parser names are checked (a ConfigError ends the run)
         except BaseException as err:
             for root in roots:
                 self.tracer.end_root(root, error=err)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from opd import latency
 from opd.agent.chat_tokens import holds_added_token
 from opd.agent.tool_calls import ToolCallError, run_parsed_call
 from opd.config import InlineMathEnvConfig, InlineMathRewardConfig
@@ -33,6 +35,8 @@ from opd.rewards.verifier import Verifier
 from opd.tools import math_tools
 from opd.tools.calculator import CalculatorLimits
 from opd.tools.registry import Toolbox, ToolOutcome
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import ScoredDataGroup
@@ -66,6 +70,7 @@ class InlineMathEnv(OPDBaseEnv):
         self.reward_cfg = reward
         self.rubric = Rubric(rewards.SIGNALS, reward.weights)
         self.verifier = Verifier(reward.verify_workers, reward.verify_timeout_s)
+        self._verifier_start: asyncio.Task[None] | None = None
         self.toolbox = Toolbox(math_tools.TOOLS, math_tools.MathTools(CalculatorLimits(max_chars=cfg.calculator_max_chars), cfg.sandbox))
         self.dynamic_pool: list[tuple[str, str]] = []
         fmt = self.chat_format
@@ -73,6 +78,19 @@ class InlineMathEnv(OPDBaseEnv):
         self.system_prompt = math_prompt.system_prompt(fmt, cfg.tool_instruction)
         # What marks tool text after </think> as a format violation: a call, or an inserted response.
         self.tool_markers = (fmt.call_start, fmt.response_template.split("$result")[0].strip() or fmt.call_start)
+
+    async def setup(self) -> None:
+        """Start math-verify's workers beside the first requests: the first groups' scoring then
+        does not wait a second or more for a worker to import math-verify."""
+        await super().setup()
+        if self._verifier_start is None:
+            self._verifier_start = asyncio.create_task(self.verifier.start())
+            self._verifier_start.add_done_callback(_log_failed_start)
+
+    async def ready(self) -> None:
+        await super().ready()
+        if self._verifier_start is not None:
+            await self._verifier_start
 
     def prompt_ids(self, problem: str, use_pool: bool) -> list[int]:
         shots = list(self.few_shots[: self.cfg.few_shots])
@@ -94,7 +112,8 @@ class InlineMathEnv(OPDBaseEnv):
             before = len(rollout.text)
             rollout.sequence.add_generated(gen.token_ids, gen.logprobs)
             rollout.generated_tokens += len(gen.token_ids)
-            piece = self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+            with latency.phase("parse"):
+                piece = self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
             rollout.text += piece
             rollout.written += piece
             if gen.finish_reason == "length":
@@ -105,14 +124,18 @@ class InlineMathEnv(OPDBaseEnv):
                 rollout.finish = "eos"
                 return rollout
             segment = rollout.text[since:]
-            calls = (await self.parser.get()).calls(segment, rollout.sequence.tokens[since_id:])
+            with latency.phase("parser_load"):
+                parser = await self.parser.get()
+            with latency.phase("parse"):
+                calls = parser.calls(segment, rollout.sequence.tokens[since_id:])
             if not calls and gen.token_ids and gen.token_ids[-1] == self.tokenizer.eos_token_id:
                 rollout.finish = "eos"  # the marker is the end of the message (Mistral's </s>) and no call came
                 return rollout
             if self.chat_format.reasoning_end in rollout.written:
                 rollout.finish = "tool_after_think"
                 return rollout
-            await self._answer_call(rollout, calls[-1] if calls else ToolCallError(f"{end} without {self.chat_format.call_start}"))
+            with latency.phase("tool"):
+                await self._answer_call(rollout, calls[-1] if calls else ToolCallError(f"{end} without {self.chat_format.call_start}"))
             since, since_id = len(rollout.text), len(rollout.sequence.tokens)
         rollout.finish = "max_new_tokens" if rollout.generated_tokens >= self.cfg.max_new_tokens else "context"
         return rollout
@@ -149,14 +172,18 @@ class InlineMathEnv(OPDBaseEnv):
 
     async def make_group(self, item: dict[str, Any], roots: list[Any]) -> ScoredDataGroup:
         """`group_size` rollouts of one problem, scored."""
-        prompt = self.prompt_ids(item["problem"], use_pool=True)
+        with latency.phase("prompt"):
+            prompt = self.prompt_ids(item["problem"], use_pool=True)
 
-        async def traced(root: Any) -> Rollout:
-            with self.tracer.attach(root):
-                return await self.rollout(prompt, self.temperature)
+        async def traced(root: Any) -> tuple[Rollout, Scored]:
+            with self.tracer.attach(root), latency.rollout():
+                rollout = await self.rollout(prompt, self.temperature)
+                # Scored as soon as it ends: a verifier round trip overlaps the others' requests.
+                with latency.phase("reward"):
+                    return rollout, await self.score(rollout, item["answer"])
 
-        rollouts = await asyncio.gather(*(traced(root) for root in roots))
-        scored = [await self.score(r, item["answer"]) for r in rollouts]
+        results = await asyncio.gather(*(traced(root) for root in roots))
+        rollouts, scored = [r for r, _ in results], [s for _, s in results]
         self._grow_pool(item["problem"], rollouts, scored)
         details = [
             {
@@ -210,4 +237,11 @@ class InlineMathEnv(OPDBaseEnv):
 
     async def close(self) -> None:
         await super().close()
+        if self._verifier_start is not None and not self._verifier_start.done():  # it finishes (bounded): close() stops its workers too
+            await asyncio.gather(self._verifier_start, return_exceptions=True)
         self.verifier.close()
+
+
+def _log_failed_start(start: asyncio.Task[None]) -> None:
+    if not start.cancelled() and (err := start.exception()) is not None:
+        logger.warning("math-verify's workers could not be started ahead (%s: %s); each check starts one when it needs it", type(err).__name__, err)

@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from opd import latency
 from opd.agent.chat_tokens import defuse
 from opd.agent.loop import AgentLimits, AgentRollout, run_agent
 from opd.config import ConfigError, JudgeConfig, OPDCodingEnvConfig, OPDCodingRewardConfig
@@ -121,7 +122,7 @@ class OPDCodingEnv(OPDBaseEnv):
                 fmt=self.chat_format,
                 parser=self.parser,
             )
-            with self.tracer.span("task tests", "TOOL") as span:
+            with self.tracer.span("task tests", "TOOL") as span, latency.phase("reward"):
                 tests = await rewards.run_task_tests(workspace, task["test_code"], replace(self.cfg.sandbox, timeout_s=self.reward_cfg.tests_timeout_s),
                                                      self.reward_cfg.max_solution_chars)
                 span.outputs(tests.level)
@@ -138,7 +139,7 @@ class OPDCodingEnv(OPDBaseEnv):
 
     async def make_group(self, item: dict[str, Any], roots: list[Any]) -> ScoredDataGroup:
         async def traced(root: Any) -> tuple[AgentRollout, Scored, str]:
-            with self.tracer.attach(root):
+            with self.tracer.attach(root), latency.rollout():
                 return await self.rollout(item, self.temperature)
 
         results = await asyncio.gather(*(traced(root) for root in roots))
@@ -160,7 +161,8 @@ class OPDCodingEnv(OPDBaseEnv):
         group = self.group_record(item, [r.sequence for r in rollouts], [s.total for _, s, _ in results], details,
                                   {"max_tokens_per_turn": self.cfg.max_tokens_per_turn}, messages=[r.messages for r in rollouts])
         if self.cfg.opd.enabled:
-            await self._distill(group, rollouts, roots)
+            with latency.phase("opd"):
+                await self._distill(group, rollouts, roots)
         return group
 
     async def _distill(self, group: ScoredDataGroup, rollouts: list[AgentRollout], roots: list[Any]) -> None:

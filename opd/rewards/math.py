@@ -44,15 +44,32 @@ def normalise(answer: str) -> str:
 
 
 async def check_answer(text: str, reference: str, verifier: Verifier, max_chars: int, reasoning_end: str = "</think>") -> bool | None:
-    """Does the last `\\boxed{}` after `</think>` match `reference`? Equal after `normalise`, or
-    equivalent by math-verify (`0.5` = `\\frac{1}{2}`) in the verifier's workers. Answers longer
-    than `max_chars` are refused (False); None when math-verify timed out (not verified)."""
+    """Does the last `\\boxed{}` after `reasoning_end` match `reference`? Equal after `normalise`,
+    equal as integers (`007` = `7`), or equivalent by math-verify (`0.5` = `\\frac{1}{2}`) in the
+    verifier's workers. Answers longer than `max_chars` are refused (False); None when
+    math-verify timed out (not verified)."""
     predicted = final_answer(text, reasoning_end)
     if predicted is None or not predicted.strip() or len(predicted) > max_chars:
         return False
     if normalise(predicted) == normalise(reference):
         return True
+    whole, expected = integer(normalise(predicted)), integer(normalise(reference))
+    if whole is not None and expected is not None:
+        return whole == expected  # what math-verify says of two integers, without its round trip
     return await verifier.matches(predicted, reference)
+
+
+_INTEGER = re.compile(r"([-+]?)0*([0-9]+)")
+
+
+def integer(answer: str) -> str | None:
+    """`answer` as a canonical integer (no plus sign, no leading zeros, `-0` is `0`), or None
+    when it is not one (ASCII digits, an optional sign; strings, so no int() of 10,000 digits)."""
+    found = _INTEGER.fullmatch(answer)
+    if found is None:
+        return None
+    sign, digits = found.groups()
+    return digits if sign != "-" or digits == "0" else "-" + digits
 
 
 SIGNALS: Signals[MathOutcome] = Signals()

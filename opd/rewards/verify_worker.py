@@ -1,6 +1,8 @@
 """A math-verify worker process (`python -m opd.rewards.verify_worker MEMORY_MB TIMEOUT_S`): one JSON
 line [answer, reference] in on stdin, one line `true`/`false` out, until stdin closes. It prints
-`ready` first: its imports take a second or two and are not part of any check's time.
+`ready` first, after its imports and one check of each kind (math-verify's first check of a
+number, and of LaTeX, sets up caches and parsers: ~70 ms here), which are then part of no check's
+time.
 
 math-verify's own timeouts are a backstop at 3x the caller's hard one: a check that runs long is
 cut by the caller (killed, counted, not cached) rather than answered False here (which could be
@@ -22,15 +24,19 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
     from math_verify import parse, verify
 
+    def check(predicted: str, reference: str) -> bool:
+        gold = parse(f"${reference}$", parsing_timeout=3 * timeout_s)
+        guess = parse(f"${predicted}$", parsing_timeout=3 * timeout_s)
+        return bool(gold and guess and verify(gold, guess, timeout_seconds=3 * timeout_s))
+
+    for warm_up in (("4", "17"), ("0.5", "\\frac{1}{2}")):
+        check(*warm_up)
     out = sys.stdout
     out.write("ready\n")
     out.flush()
     for line in sys.stdin:
         try:
-            predicted, reference = json.loads(line)
-            gold = parse(f"${reference}$", parsing_timeout=3 * timeout_s)
-            guess = parse(f"${predicted}$", parsing_timeout=3 * timeout_s)
-            ok = bool(gold and guess and verify(gold, guess, timeout_seconds=3 * timeout_s))
+            ok = check(*json.loads(line))
         except Exception:  # the verifier raises a variety of errors on hostile input: not verified
             ok = False
         out.write("true\n" if ok else "false\n")

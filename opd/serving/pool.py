@@ -19,6 +19,7 @@ import time
 from collections import deque
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
+from opd.latency import phase
 from opd.serving.vllm_client import ChatReply, Generation, PromptScores, ServerRequestError
 
 logger = logging.getLogger(__name__)
@@ -118,9 +119,11 @@ class ServerPool:
     async def call(self, request: Callable[[InferenceClient], Awaitable[T]]) -> T:
         """Run `request` against a server with a free slot, retrying failures that may pass."""
         for attempt in range(1, self.max_attempts + 1):
-            index = await self._acquire()
+            with phase("slot"):
+                index = await self._acquire()
             try:
-                return await request(self.clients[index])
+                with phase("request"):
+                    return await request(self.clients[index])
             except ServerRequestError as err:
                 if not err.retryable or attempt == self.max_attempts:
                     self.warnings.failed(err, f"given up after attempt {attempt}/{self.max_attempts}")
@@ -132,7 +135,8 @@ class ServerPool:
             self.retries += 1
             delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
             logger.debug("request failed (attempt %d/%d), retrying in %.2f s: %s", attempt, self.max_attempts, delay, cause)
-            await asyncio.sleep(delay)
+            with phase("backoff"):
+                await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     async def generate(self, prompt_ids: list[int], **kwargs: Any) -> list[Generation]:
