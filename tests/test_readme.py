@@ -1,8 +1,8 @@
 """Every command the README shows works as written, so the README cannot drift from the code.
 
-The commands are read out of README.md (its indented code blocks, and inline commands that start
-with `python -m`, `mlflow` or `scripts/`); each must have a check in `CHECKS` below and each check
-a command in the README. What a check does depends on what this machine allows:
+The commands are read out of README.md and the pages it links in docs/ (their indented code
+blocks, and inline commands that start with `python -m`, `mlflow` or `scripts/`); each must have a
+check in `CHECKS` below and each check a command in one of them. What a check does depends on what this machine allows:
 - `run`: run as a user would (`python -m ...` from the project root), placeholders such as
   `outputs/runs/...` filled in, everything written under a temporary `output_root`, against the
   scripted OpenAI/vLLM-compatible server (`server=vllm`, opd/bench/scripted_server.py) with small
@@ -34,6 +34,8 @@ from conftest import ROOT, compose
 from opd.config import validate
 
 README = ROOT / "README.md"
+# The README and the pages it links (guarantees, performance, reference defaults).
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 # command as the README writes it -> (check, why or what it needs)
 CHECKS: dict[str, tuple[str, str]] = {
@@ -95,10 +97,10 @@ _INLINE = re.compile(r"`((?:python -m|\.venv/bin/python|mlflow ui|scripts/)[^`]*
 
 
 def readme_commands() -> list[str]:
-    """Every command in README.md, in order, without its `# comment`: the lines of its indented
-    code blocks (a trailing backslash joins the next line) and its inline commands."""
+    """Every command in README.md and docs/*.md, in order, without its `# comment`: the lines of
+    their indented code blocks (a trailing backslash joins the next line) and inline commands."""
     found: list[str] = []
-    lines = README.read_text().splitlines()
+    lines = [line for page in PAGES for line in [*page.read_text().splitlines(), ""]]
     in_fence = False
     pending = ""
     for line in lines:
@@ -127,6 +129,26 @@ def test_every_readme_command_has_a_check_and_every_check_a_command() -> None:
     stale = [c for c in CHECKS if c not in commands]
     assert not unchecked, "README commands without a check in tests/test_readme.py:\n" + "\n".join(unchecked)
     assert not stale, "checks of commands no longer in the README:\n" + "\n".join(stale)
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readme_links_every_page_in_docs_and_every_link_lands() -> None:
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)\)", README.read_text()))
+    assert linked == {f"docs/{p.name}" for p in PAGES[1:]}, "docs/ pages and the README's links to them differ"
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, fragment = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            assert file.is_file(), f"{page.name}: link to {target}: no such file"
+            if fragment and file.suffix == ".md":
+                anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", file.read_text(), re.M)}
+                assert fragment in anchors, f"{page.name}: link to {target}: no such heading"
 
 
 # ---- compose: every job's overrides compose and validate ------------------------------------
