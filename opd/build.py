@@ -46,11 +46,16 @@ def vocabulary_size(model: str) -> int | None:
 
 
 def preflight(cfg: Config, model: str) -> None:
-    """What can be checked before any server starts or any request is sent: top-K against the
-    model's vocabulary, and running servers (server=vllm, judge=server) answering and serving the
+    """What can be checked before any server starts or any request is sent: the reward's weights
+    against its rubric's signals, top-K against the model's vocabulary, and running servers (server=vllm, judge=server) answering and serving the
     model. Each failure is a ConfigError naming the key."""
+    from opd.rewards.rubric import RubricError
     from opd.serving.watch import check_servers
 
+    try:  # a weight without a signal (or the reverse) fails here, not after vLLM's start-up
+        environment_class(cfg.env.name).build_rubric(cfg.reward)
+    except RubricError as err:
+        raise ConfigError(str(err), err.key) from None
     vocab = vocabulary_size(model)
     if vocab is not None:
         for key, value in (("distill_topk", cfg.distill_topk), ("server.max_logprobs", cfg.server.max_logprobs)):

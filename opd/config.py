@@ -442,8 +442,10 @@ class OPDCodingRewardConfig:
     tests_timeout_s: float = MISSING
     max_solution_chars: int = MISSING
     clamp: Optional[list[float]] = MISSING
+    pass_threshold: float = MISSING
 
     def __post_init__(self) -> None:
+        _fraction("reward.pass_threshold", self.pass_threshold)
         if self.clamp is not None:
             _check(len(self.clamp) == 2 and self.clamp[0] <= self.clamp[1], "reward.clamp", "[low, high] with low <= high, or null", self.clamp)
         for name in ("correctness", "efficiency", "tool_usage"):

@@ -1,4 +1,5 @@
-"""Rewards: the rubric (raw signals, one weighted sum) and each signal of each environment."""
+"""Rewards: the rubric (raw signals, one weighted sum, the rules on the total) and each signal of
+each environment."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from conftest import compose
 from opd.config import validate
 from opd.rewards import coding, math
-from opd.rewards.rubric import Rubric, Signals
+from opd.rewards.rubric import FlatPenalty, PassRule, Rubric, Signals
 
 
 def test_the_rubric_weighs_raw_signals_and_keeps_them() -> None:
@@ -25,6 +26,68 @@ def test_the_rubric_weighs_raw_signals_and_keeps_them() -> None:
     assert scored.signals == {"double": 8.0, "one": 1.0} and scored.total == pytest.approx(0.5 * 8 - 3)
     with pytest.raises(ValueError, match="missing \\['one'\\], unknown \\['two'\\]"):
         Rubric(signals, {"double": 1.0, "two": 1.0})
+
+
+def test_the_rubric_owns_the_whole_score_penalty_then_clamp_and_the_pass_rule() -> None:
+    signals: Signals[dict] = Signals()
+
+    @signals.add
+    def good(x: dict, params: object) -> float:
+        return x["good"]
+
+    @signals.add
+    def broken(x: dict, params: object) -> float:
+        return x["broken"]
+
+    rubric = Rubric(signals, {"good": 3.0, "broken": -1.0}, penalty=FlatPenalty("broken", -5.0), clamp=(-2.0, 2.0),
+                    passing=PassRule("good", 0.8))
+    assert rubric.score({"good": 0.5, "broken": 0.0}).total == 1.5
+    assert rubric.score({"good": 1.0, "broken": 0.0}).total == 2.0  # clamped from 3
+    flat = rubric.score({"good": 1.0, "broken": 1.0})
+    assert flat.total == -2.0 and flat.signals == {"good": 1.0, "broken": 1.0}  # the penalty (-5), then the clamp
+    assert rubric.passed({"good": 0.8, "broken": 1.0}) and not rubric.passed({"good": 0.79, "broken": 0.0})
+    with pytest.raises(ValueError, match="reward.format_penalty: the rubric has no signal 'missing'"):
+        Rubric(signals, {"good": 1.0, "broken": 1.0}, penalty=FlatPenalty("missing", -1.0))
+    with pytest.raises(ValueError, match="reward.pass_threshold: the rubric has no signal 'correctness'"):
+        Rubric(signals, {"good": 1.0, "broken": 1.0}, passing=PassRule("correctness", 0.8))
+
+
+def test_each_envs_config_builds_the_rubric_of_its_whole_score() -> None:
+    flat = math.rubric(validate(compose(["env=inline_math"])).reward)
+    violation = outcome("<think>no end \\boxed{5}", correct=True)
+    assert flat.score(violation).total == -1.0  # the reference's flat -1, whatever else it did
+    additive = math.rubric(validate(compose(["env=inline_math", "reward.format_penalty=additive"])).reward)
+    assert additive.score(violation).total == pytest.approx(1.0 - 2.0)
+    clamped = coding.rubric(REWARD)
+    assert clamped.clamp == (0.0, 1.0) and clamped.passing == PassRule("correctness", 0.8)
+    strict = coding.rubric(validate(compose(["env=opd_coding", "reward.pass_threshold=1.0", "reward.clamp=null"])).reward)
+    assert strict.clamp is None and not strict.passed({"correctness": 0.9}) and strict.passed({"correctness": 1.0})
+
+
+def test_a_weight_without_its_signal_fails_before_any_server_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a signal means adding its weight: the run stops at the preflight, naming
+    reward.weights, instead of after vLLM's start-up when the environment is built."""
+    from opd.config import ConfigError
+    from opd.run import run_experiment
+    from opd.serving import local_vllm
+
+    grown: Signals[math.MathOutcome] = Signals()
+    for name, fn in math.SIGNALS:
+        grown.add(fn)
+
+    @grown.add
+    def brevity(outcome: math.MathOutcome, params: object) -> float:
+        return 0.0
+
+    monkeypatch.setattr(math, "SIGNALS", grown)
+
+    def no_server(self: object) -> str:
+        raise AssertionError("a server was started before the rubric was checked")
+
+    monkeypatch.setattr(local_vllm.LocalVLLM, "start", no_server)
+    with pytest.raises(ConfigError, match=r"reward.weights must name the signals .* \(missing \['brevity'\]") as err:
+        run_experiment(validate(compose(["env=inline_math", "tracking.enabled=false"])))
+    assert err.value.key == "reward.weights"
 
 
 def test_config_weights_name_the_signals_one_to_one() -> None:

@@ -26,7 +26,7 @@ import random
 import statistics
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from opd import latency
 from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser, check
@@ -38,6 +38,7 @@ from opd.tracking.traces import Tracer
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import ScoredDataGroup
+    from opd.rewards.rubric import Rubric
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,9 @@ class EvalReport:
 
 class OPDBaseEnv:
     """An environment over a `ServerPool`; see the module docstring."""
+
+    # reward config -> the rubric that owns the whole score (signals, weights, penalty, clamp, pass rule).
+    build_rubric: Callable[[Any], Rubric[Any]]
 
     def __init__(self, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
                  seed: int, tracer: Tracer, temperature: float, sampling: dict[str, Any], eval_temperature: float, chat_format: ChatFormat,

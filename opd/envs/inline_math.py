@@ -30,7 +30,7 @@ from opd.envs import math_prompt
 from opd.envs.base import ItemResult, OPDBaseEnv
 from opd.records import Sequence
 from opd.rewards import math as rewards
-from opd.rewards.rubric import Rubric, Scored
+from opd.rewards.rubric import Scored
 from opd.rewards.verifier import Verifier
 from opd.tools import math_tools
 from opd.tools.calculator import CalculatorLimits
@@ -63,12 +63,14 @@ class InlineMathEnv(OPDBaseEnv):
     """The inline_math environment (see module docstring)."""
 
     name = "inline_math"
+    # The whole score from reward=<env> (checked before any server starts: opd.build.preflight).
+    build_rubric = staticmethod(rewards.rubric)
 
     def __init__(self, cfg: InlineMathEnvConfig, reward: InlineMathRewardConfig, **common: Any) -> None:
         super().__init__(temperature=cfg.temperature, sampling=cfg.sampling, eval_temperature=cfg.eval_temperature, tools=math_prompt.TOOLS, **common)
         self.cfg = cfg
         self.reward_cfg = reward
-        self.rubric = Rubric(rewards.SIGNALS, reward.weights)
+        self.rubric = self.build_rubric(reward)
         self.verifier = Verifier(reward.verify_workers, reward.verify_timeout_s)
         self._verifier_start: asyncio.Task[None] | None = None
         self.toolbox = Toolbox(math_tools.TOOLS, math_tools.MathTools(CalculatorLimits(max_chars=cfg.calculator_max_chars), cfg.sandbox))
@@ -163,10 +165,7 @@ class InlineMathEnv(OPDBaseEnv):
         end = self.chat_format.reasoning_end
         correct = await rewards.check_answer(rollout.written, answer, self.verifier, self.reward_cfg.max_answer_chars, end)
         rollout.verify_timed_out = correct is None
-        scored = self.rubric.score(rewards.MathOutcome(rollout.written, rollout.tool_calls_run, bool(correct), self.tool_markers, end))
-        if self.reward_cfg.format_penalty == "flat" and scored.signals["format_violation"]:
-            return Scored(self.reward_cfg.flat_format_score, scored.signals)
-        return scored
+        return self.rubric.score(rewards.MathOutcome(rollout.written, rollout.tool_calls_run, bool(correct), self.tool_markers, end))
 
     # ---- groups ----------------------------------------------------------------------------
 

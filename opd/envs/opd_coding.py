@@ -24,7 +24,7 @@ from opd.envs import coding_prompt
 from opd.envs.base import ItemResult, OPDBaseEnv
 from opd.records import MASK
 from opd.rewards import coding as rewards
-from opd.rewards.rubric import Rubric, Scored
+from opd.rewards.rubric import Scored
 from opd.serving.pool import ServerPool
 from opd.serving.vllm_client import ChatReply, PromptScores, ServerRequestError
 from opd.tools import workspace as workspace_tools
@@ -39,11 +39,13 @@ class OPDCodingEnv(OPDBaseEnv):
     """The opd_coding environment (see module docstring)."""
 
     name = "opd_coding"
+    # The whole score from reward=<env> (checked before any server starts: opd.build.preflight).
+    build_rubric = staticmethod(rewards.rubric)
 
     def __init__(self, cfg: OPDCodingEnvConfig, reward: OPDCodingRewardConfig, judge: JudgeConfig, judge_pool: ServerPool | None = None, **common: Any) -> None:
         super().__init__(temperature=cfg.temperature, sampling=cfg.sampling, eval_temperature=cfg.eval_temperature, tools=coding_prompt.TOOLS, **common)
         self.cfg, self.reward_cfg, self.judge_cfg = cfg, reward, judge
-        self.rubric = Rubric(rewards.SIGNALS, reward.weights, params=reward)
+        self.rubric = self.build_rubric(reward)
         self.system_prompt = cfg.system_prompt or coding_prompt.SYSTEM_PROMPT
         self.judge_pool = judge_pool or self.server
         self.limits = AgentLimits(cfg.max_turns, cfg.max_tokens_per_turn, self.max_model_len)
@@ -129,11 +131,7 @@ class OPDCodingEnv(OPDBaseEnv):
         finally:
             await workspace.close()
         outcome = rewards.CodingOutcome(tests.level, rollout.turns_used, self.cfg.max_turns, tuple(rollout.tools_used))
-        scored = self.rubric.score(outcome)
-        if self.reward_cfg.clamp is not None:
-            low, high = self.reward_cfg.clamp
-            scored = Scored(min(high, max(low, scored.total)), scored.signals)
-        return rollout, scored, tests.level
+        return rollout, self.rubric.score(outcome), tests.level
 
     # ---- groups ----------------------------------------------------------------------------
 
@@ -184,8 +182,8 @@ class OPDCodingEnv(OPDBaseEnv):
         n = len(details)
         metrics = {
             "accuracy": sum(d["tests"] == "pass" for d in details) / n,
-            # The reference's pass rate: rollouts whose correctness signal is at least 0.8.
-            "train/pass_rate": sum(d["reward_signals"]["correctness"] >= 0.8 for d in details) / n,
+            # The reference's pass rate: rollouts whose correctness signal reaches reward.pass_threshold.
+            "train/pass_rate": sum(self.rubric.passed(d["reward_signals"]) for d in details) / n,
             "turns/mean": sum(d["turns"] for d in details) / n,
             "tool_use_rate": sum(bool(d["tools_used"]) for d in details) / n,
         }
@@ -200,7 +198,7 @@ class OPDCodingEnv(OPDBaseEnv):
         """One rollout of a held-out task, no OPD."""
         rollout, scored, tests = await self.rollout(item, temperature)
         transcript = "\n\n".join(f"[{m['role']}] {m['content']}" for m in rollout.messages[2:])
-        return ItemResult(tests == "pass", scored.total, {"turns_mean": float(rollout.turns_used), "pass_rate": float(scored.signals["correctness"] >= 0.8)},
+        return ItemResult(tests == "pass", scored.total, {"turns_mean": float(rollout.turns_used), "pass_rate": float(self.rubric.passed(scored.signals))},
                           prompt=item["task"], response=transcript, turns=rollout.turns_used)
 
     async def close(self) -> None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from opd.config import SandboxConfig
+from opd.config import OPDCodingRewardConfig, SandboxConfig
 from opd.rewards.harness import TestOutcome, run_tests
-from opd.rewards.rubric import Signals
+from opd.rewards.rubric import PassRule, Rubric, Signals
 from opd.tools.registry import ToolError
 from opd.tools.workspace import Workspace
 
@@ -79,3 +79,10 @@ def tool_usage(outcome: CodingOutcome, reward: Any) -> float:
     if "terminal" in used:
         return t.run_only
     return t.other if used else 0.0
+
+
+def rubric(cfg: OPDCodingRewardConfig) -> Rubric[CodingOutcome]:
+    """opd_coding's whole score: the weighted signals clamped to `reward.clamp` (the reference's
+    [0, 1]); a rollout passed when its correctness signal reaches `reward.pass_threshold`."""
+    clamp = (float(cfg.clamp[0]), float(cfg.clamp[1])) if cfg.clamp is not None else None
+    return Rubric(SIGNALS, cfg.weights, params=cfg, clamp=clamp, passing=PassRule("correctness", cfg.pass_threshold))

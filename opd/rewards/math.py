@@ -12,10 +12,14 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from opd.rewards.boxed import final_answer
-from opd.rewards.rubric import Signals
+from opd.rewards.rubric import FlatPenalty, PassRule, Rubric, Signals
 from opd.rewards.verifier import Verifier
+
+if TYPE_CHECKING:
+    from opd.config import InlineMathRewardConfig
 
 logger = logging.getLogger(__name__)
 
@@ -97,3 +101,10 @@ def format_violation(outcome: MathOutcome, params: object = None) -> float:
         return 1.0
     after = outcome.text[end:]
     return float(any(marker in after for marker in outcome.tool_markers))
+
+
+def rubric(cfg: InlineMathRewardConfig) -> Rubric[MathOutcome]:
+    """inline_math's whole score: the weighted signals, and with `format_penalty=flat` a format
+    violation scoring `flat_format_score` whatever else the rollout did (the reference's -1)."""
+    penalty = FlatPenalty("format_violation", cfg.flat_format_score) if cfg.format_penalty == "flat" else None
+    return Rubric(SIGNALS, cfg.weights, penalty=penalty, passing=PassRule("correct", 1.0))
