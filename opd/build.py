@@ -47,7 +47,7 @@ def vocabulary_size(model: str) -> int | None:
 
 def preflight(cfg: Config, model: str) -> None:
     """What can be checked before any server starts or any request is sent: the reward's weights
-    against its rubric's signals, top-K against the model's vocabulary, and running servers (server=vllm, judge=server) answering and serving the
+    against its rubric's signals, trainer.loss against the loss terms, top-K against the model's vocabulary, and running servers (server=vllm, judge=server) answering and serving the
     model. Each failure is a ConfigError naming the key."""
     from opd.rewards.rubric import RubricError
     from opd.serving.watch import check_servers
@@ -56,6 +56,11 @@ def preflight(cfg: Config, model: str) -> None:
         environment_class(cfg.env.name).build_rubric(cfg.reward)
     except RubricError as err:
         raise ConfigError(str(err), err.key) from None
+    if cfg.trainer.kind == "local":
+        from opd.train.losses import LOSS_TERMS, unknown_terms
+
+        if unknown := unknown_terms(cfg.trainer.loss):
+            raise ConfigError(f"trainer.loss: no loss term named {', '.join(unknown)} (terms: {', '.join(LOSS_TERMS)})", "trainer.loss")
     vocab = vocabulary_size(model)
     if vocab is not None:
         for key, value in (("distill_topk", cfg.distill_topk), ("server.max_logprobs", cfg.server.max_logprobs)):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -623,13 +623,6 @@ class TrainerConfig:
 
 
 @dataclass
-class LossWeights:
-    pg: float = MISSING
-    opd_advantage: float = MISSING
-    topk_kl: float = MISSING
-
-
-@dataclass
 class RefreshCheckConfig:
     """trainer.refresh_check: the served weights checked against the trainer's after each refresh."""
 
@@ -657,7 +650,7 @@ class LocalTrainerConfig(TrainerConfig):
     clip: float = MISSING
     opd_clamp: Optional[float] = MISSING
     equal_score_groups: str = MISSING
-    loss: LossWeights = MISSING
+    loss: Dict[str, float] = MISSING
     micro_batch: int = MISSING
     max_tokens: Optional[int] = MISSING
     max_staleness: int = MISSING
@@ -677,9 +670,9 @@ class LocalTrainerConfig(TrainerConfig):
         if self.opd_clamp is not None:
             _check(self.opd_clamp > 0, "trainer.opd_clamp", "> 0 or null (unbounded)", self.opd_clamp)
         _one_of("trainer.equal_score_groups", self.equal_score_groups, ("drop", "keep"))
-        for name in ("pg", "opd_advantage", "topk_kl"):
-            _at_least(f"trainer.loss.{name}", getattr(self.loss, name), 0)
-        _check(self.loss.pg + self.loss.opd_advantage + self.loss.topk_kl > 0, "trainer.loss", "weights that are not all 0", self.loss)
+        for name, weight in self.loss.items():
+            _at_least(f"trainer.loss.{name}", weight, 0)
+        _check(sum(self.loss.values()) > 0, "trainer.loss", "weights that are not all 0", dict(self.loss))
         _at_least("trainer.micro_batch", self.micro_batch, 1)
         if self.max_tokens is not None:
             _at_least("trainer.max_tokens", self.max_tokens, 2)
@@ -754,8 +747,8 @@ class Config:
                    f"<= server.max_requests_in_flight ({self.server.max_requests_in_flight}; each worker needs a request slot)", self.runner.workers)
         if self.trainer.kind == "local":
             _check(self.mode == "train", "trainer", "used with mode=train (trainer=local trains on the groups it writes)", f"trainer={self.trainer.kind}, mode={self.mode}")
-            _check(self.env.name == "opd_coding" or self.trainer.loss.pg > 0, "trainer.loss.pg",
-                   "> 0 for inline_math (its records have no teacher rows for the OPD terms)", self.trainer.loss.pg)
+            _check(self.env.name == "opd_coding" or self.trainer.loss.get("pg", 0) > 0, "trainer.loss.pg",
+                   "> 0 for inline_math (its records have no teacher rows for the OPD terms)", self.trainer.loss.get("pg", 0))
 
 
 _SCHEMAS = {

@@ -71,13 +71,14 @@ def test_only_trained_positions_count_and_pads_are_never_read() -> None:
         altered["tokens"][seq][0] = 63  # the first token is never predicted
         altered["masks"][seq][0] = MASK
     same = terms(logits, make_batch([altered]), 0.2)
-    for name in ("pg", "opd", "topk_kl", "kl_to_sampler"):
-        assert float(getattr(same, name)) == pytest.approx(float(getattr(base, name)), rel=1e-6), name
+    for name in ("pg", "opd_advantage", "topk_kl"):
+        assert float(same.losses[name]) == pytest.approx(float(base.losses[name]), rel=1e-6), name
+    assert float(same.kl_to_sampler) == pytest.approx(float(base.kl_to_sampler), rel=1e-6)
     # Changing a trained position's sampler logprob does.
     moved = copy.deepcopy(group)
     moved["inference_logprobs"][1][6] = -5.0
-    assert float(terms(logits, make_batch([moved]), 0.2).pg) != pytest.approx(float(base.pg))
-    assert all(math.isfinite(float(getattr(base, name))) for name in ("pg", "opd", "topk_kl", "kl_to_sampler"))
+    assert float(terms(logits, make_batch([moved]), 0.2).losses["pg"]) != pytest.approx(float(base.losses["pg"]))
+    assert all(math.isfinite(float(value)) for value in [*base.losses.values(), base.kl_to_sampler])
 
 
 def test_kl_to_sampler_estimates_kl_from_the_sampler_to_the_current_policy() -> None:
@@ -114,10 +115,10 @@ def test_the_topk_kl_is_zero_when_the_student_matches_the_teacher_and_positive_o
             ids = group["distill_token_ids"][seq][p]
             logits[seq, p - 1, ids] = teacher
             logits[seq, p - 1, 40] = tail  # one token holds the tail mass
-    matched = float(terms(logits, batch, 0.2).topk_kl)
+    matched = float(terms(logits, batch, 0.2).losses["topk_kl"])
     assert matched == pytest.approx(0.0, abs=1e-4)
     logits[:, 4, 40] = 5.0
-    assert float(terms(logits, batch, 0.2).topk_kl) > 0.1
+    assert float(terms(logits, batch, 0.2).losses["topk_kl"]) > 0.1
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +191,30 @@ def test_an_untied_checkpoint_gives_the_same_logits_and_its_output_layer_is_its_
         assert torch.equal(saved.lm_head.weight, tied.lm_head.weight) and not output_layer_tied(saved)
 
 
+def test_a_new_loss_term_is_a_registered_function_and_a_weight(fixture_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer adds every configured term by its weight, a registered term it was never
+    written for included; a weight naming no term is refused at the preflight."""
+    from opd.build import preflight
+    from opd.config import ConfigError
+    from opd.train import losses
+    from opd.train.trainer import LocalTrainer
+
+    monkeypatch.setattr(losses, "LOSS_TERMS", dict(losses.LOSS_TERMS))
+
+    @losses.loss_term("entropy_bonus")
+    def entropy_bonus(x: losses.LossInputs) -> torch.Tensor:
+        entropy = -(x.logsm.exp() * x.logsm).sum(-1)
+        return torch.where(x.batch.trained, -entropy, torch.zeros_like(entropy)).sum()
+
+    cfg = validate(compose(["trainer=local", "+trainer.loss.entropy_bonus=0.3"]))
+    metrics = LocalTrainer(cfg.trainer, fixture_model).step([recorded_group([0.0, 1.0])])
+    w = cfg.trainer.loss
+    assert metrics["trainer/loss_entropy_bonus"] < 0
+    assert metrics["trainer/loss"] == pytest.approx(sum(w[name] * metrics[f"trainer/loss_{name}"] for name in w), rel=1e-6)
+    with pytest.raises(ConfigError, match="trainer.loss: no loss term named kl_penalty"):
+        preflight(validate(compose(["trainer=local", "+trainer.loss.kl_penalty=0.1"])), fixture_model)
+
+
 def test_the_opd_advantage_is_clamped_and_counted() -> None:
     from opd.train.batch import make_batch
     from opd.train.losses import terms
@@ -205,8 +230,8 @@ def test_the_opd_advantage_is_clamped_and_counted() -> None:
     free, bounded = terms(logits, batch, 0.2, None), terms(logits, batch, 0.2, 5.0)
     assert float(bounded.opd_clamped) == 2 and float(free.opd_clamped) == 0
     # At ratio 1 the surrogate is -advantage per token: 9 - 2 unbounded, 5 - 2 clamped, per sequence.
-    assert float(free.opd) == pytest.approx(2 * (9.0 - 2.0), rel=1e-5)
-    assert float(bounded.opd) == pytest.approx(2 * (5.0 - 2.0), rel=1e-5)
+    assert float(free.losses["opd_advantage"]) == pytest.approx(2 * (9.0 - 2.0), rel=1e-5)
+    assert float(bounded.losses["opd_advantage"]) == pytest.approx(2 * (5.0 - 2.0), rel=1e-5)
 
 
 def test_every_loss_term_is_normalised_as_the_total_and_the_ratio_is_reported(fixture_model, tmp_path) -> None:
@@ -217,7 +242,7 @@ def test_every_loss_term_is_normalised_as_the_total_and_the_ratio_is_reported(fi
     group = recorded_group([0.0, 1.0])
     metrics = trainer.step([group])
     w = cfg.loss
-    total = w.pg * metrics["trainer/loss_pg"] + w.opd_advantage * metrics["trainer/loss_opd_advantage"] + w.topk_kl * metrics["trainer/loss_topk_kl"]
+    total = w["pg"] * metrics["trainer/loss_pg"] + w["opd_advantage"] * metrics["trainer/loss_opd_advantage"] + w["topk_kl"] * metrics["trainer/loss_topk_kl"]
     assert metrics["trainer/loss"] == pytest.approx(total, rel=1e-6)
     assert metrics["trainer/opd_tokens"] == 4 and metrics["trainer/topk_tokens"] == 4 and metrics["trainer/trained_tokens"] == 10
     # The sampler's logprobs are -1 on every trained token: the ratio is exp(new_lp + 1), per token.

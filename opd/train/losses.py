@@ -1,12 +1,15 @@
-"""The reference trainer's loss terms, each a sum over the tokens it applies to (the caller divides
-by the batch's trained-token count, so micro-batches add up to a token mean).
+"""The reference trainer's loss terms, registered by name in `LOSS_TERMS` (the names of the
+`trainer.loss` weights), each a sum over the tokens it applies to (the caller divides by the
+batch's trained-token count, so micro-batches add up to a token mean); `weighted_total` is the
+one place the configured weights combine them. A new term is a function decorated
+`@loss_term("name")` here and its weight in `conf/trainer/local.yaml`.
 
-- `policy_gradient`: GRPO/PPO-style clipped surrogate with the sequence's group-normalised
+- `pg`: GRPO/PPO-style clipped surrogate with the sequence's group-normalised
   advantage and the ratio new/old against the sampler's own logprobs (`inference_logprobs`);
 - `opd_advantage`: the same surrogate with the token-level OPD advantage teacher_lp - student_lp
   (the hinted teacher's logprob of the sampled token minus the sampler's), on hinted positions,
   clamped to [-opd_clamp, opd_clamp] (one token's -9 would otherwise outweigh the batch);
-- `topk_reverse_kl`: KL(student || teacher) over the teacher's top-K tokens plus one tail bin for
+- `topk_kl`: KL(student || teacher) over the teacher's top-K tokens plus one tail bin for
   the rest of the mass (both distributions stay normalised), on positions with teacher rows.
 Every term reads only trained positions; pad rows are absent by construction (`Batch.has_topk`).
 """
@@ -14,6 +17,7 @@ Every term reads only trained positions; pad rows are absent by construction (`B
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import torch
 
@@ -21,12 +25,48 @@ from opd.train.batch import Batch
 
 
 @dataclass
+class LossInputs:
+    """What a loss term reads: the current policy's logprob of each token and its log-softmax at
+    the previous position, the batch, the surrogate's clip and the OPD advantage's bound."""
+
+    new_lp: torch.Tensor
+    logsm: torch.Tensor
+    batch: Batch
+    clip: float
+    opd_clamp: float | None
+
+
+LossTerm = Callable[[LossInputs], torch.Tensor]
+# Loss terms by the name of their weight under trainer.loss.
+LOSS_TERMS: dict[str, LossTerm] = {}
+
+
+def loss_term(name: str) -> Callable[[LossTerm], LossTerm]:
+    """Register a loss term under `name` (its weight is trainer.loss.<name>)."""
+
+    def register(fn: LossTerm) -> LossTerm:
+        LOSS_TERMS[name] = fn
+        return fn
+
+    return register
+
+
+def weighted_total(weights: Mapping[str, float], losses: Mapping[str, torch.Tensor | float]) -> torch.Tensor | float:
+    """The loss: sum(weight x term) over the configured terms (a term of weight 0 adds nothing)."""
+    return sum(weight * losses[name] for name, weight in weights.items() if weight)
+
+
+def unknown_terms(weights: Mapping[str, float]) -> list[str]:
+    """Names under trainer.loss that no registered term has."""
+    return sorted(set(weights) - set(LOSS_TERMS))
+
+
+@dataclass
 class Terms:
     """Sums over this micro-batch (not yet divided by the trained-token count)."""
 
-    pg: torch.Tensor
-    opd: torch.Tensor
-    topk_kl: torch.Tensor
+    # Each registered loss term by name.
+    losses: dict[str, torch.Tensor]
     kl_to_sampler: torch.Tensor
     clipped: torch.Tensor
     opd_tokens: torch.Tensor
@@ -59,30 +99,55 @@ def _surrogate(new_lp: torch.Tensor, old_lp: torch.Tensor, advantage: torch.Tens
     return torch.where(where, loss, torch.zeros_like(loss)).sum(), was_clipped.sum()
 
 
-def terms(logits: torch.Tensor, batch: Batch, clip: float, opd_clamp: float | None = None) -> Terms:
-    """The loss terms of one micro-batch; `opd_clamp` bounds the OPD advantage (None: unbounded)."""
+def _opd_advantages(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(positions with the hinted teacher's logprob, the advantage teacher_lp - sampler_lp there
+    bounded by opd_clamp, the unbounded one)."""
+    where = x.batch.has_teacher & x.batch.trained
+    raw = (x.batch.teacher_logprobs - x.batch.old_logprobs).detach()
+    return where, (raw.clamp(-x.opd_clamp, x.opd_clamp) if x.opd_clamp is not None else raw), raw
+
+
+@loss_term("pg")
+def policy_gradient(x: LossInputs) -> torch.Tensor:
+    advantage = x.batch.advantages.unsqueeze(-1).expand_as(x.new_lp)
+    return _surrogate(x.new_lp, x.batch.old_logprobs, advantage, x.batch.trained, x.clip)[0]
+
+
+@loss_term("opd_advantage")
+def opd_advantage(x: LossInputs) -> torch.Tensor:
+    where, advantage, _ = _opd_advantages(x)
+    return _surrogate(x.new_lp, x.batch.old_logprobs, advantage, where, x.clip)[0]
+
+
+@loss_term("topk_kl")
+def topk_kl(x: LossInputs) -> torch.Tensor:
+    where = x.batch.has_topk & x.batch.trained
+    if x.batch.topk_ids is None or not bool(where.any()):
+        return torch.zeros((), dtype=x.new_lp.dtype)
+    return _topk_reverse_kl(x.logsm, x.batch, where)
+
+
+def terms(logits: torch.Tensor, batch: Batch, clip: float, opd_clamp: float | None = None, names: list[str] | None = None) -> Terms:
+    """The loss terms `names` (default: every registered one) of one micro-batch and what the
+    trainer reports beside them; `opd_clamp` bounds the OPD advantage (None: unbounded)."""
     new_lp, logsm = token_logprobs(logits, batch.tokens)
+    x = LossInputs(new_lp, logsm, batch, clip, opd_clamp)
+    losses = {name: LOSS_TERMS[name](x) for name in (names if names is not None else LOSS_TERMS)}
     trained = batch.trained
     advantage = batch.advantages.unsqueeze(-1).expand_as(new_lp)
-    pg, clipped = _surrogate(new_lp, batch.old_logprobs, advantage, trained, clip)
+    _, clipped = _surrogate(new_lp.detach(), batch.old_logprobs, advantage, trained, clip)
     # k3 estimate of KL(sampler || current) on trained tokens, which the sampler drew: with
     # r = current / sampler, E_sampler[r - 1 - log r] = KL(sampler || current). How far the policy moved.
-    log_ratio = torch.where(trained, new_lp - batch.old_logprobs, torch.zeros_like(new_lp))
+    log_ratio = torch.where(trained, new_lp - batch.old_logprobs, torch.zeros_like(new_lp)).detach()
     kl = torch.where(trained, torch.exp(log_ratio) - 1 - log_ratio, torch.zeros_like(new_lp)).sum()
-    opd_where = batch.has_teacher & trained
-    raw_adv = (batch.teacher_logprobs - batch.old_logprobs).detach()
-    opd_adv = raw_adv.clamp(-opd_clamp, opd_clamp) if opd_clamp is not None else raw_adv
-    opd, _ = _surrogate(new_lp, batch.old_logprobs, opd_adv, opd_where, clip)
+    opd_where, opd_adv, raw_adv = _opd_advantages(x)
     opd_clamped = ((opd_adv != raw_adv) & opd_where).sum().float()
-    ratio = torch.exp(log_ratio.detach())
+    ratio = torch.exp(log_ratio)
     empty = not bool(trained.any())
     ratio_max = torch.zeros(()) if empty else ratio[trained].max()
     ratio_min = torch.zeros(()) if empty else ratio[trained].min()
-    topk = torch.zeros((), dtype=new_lp.dtype)
     topk_where = batch.has_topk & trained
-    if batch.topk_ids is not None and bool(topk_where.any()):
-        topk = _topk_reverse_kl(logsm, batch, topk_where)
-    return Terms(pg, opd, topk, kl, clipped.float(), opd_where.sum().float(), topk_where.sum().float(), opd_clamped,
+    return Terms(losses, kl, clipped.float(), opd_where.sum().float(), topk_where.sum().float(), opd_clamped,
                  torch.where(trained, ratio, torch.zeros_like(ratio)).sum(), ratio_max, ratio_min)
 
 

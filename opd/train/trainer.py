@@ -22,7 +22,7 @@ from typing import Any
 
 from opd.config import LocalTrainerConfig
 from opd.train.batch import Batch, equal_scores, has_teacher_signal, make_batch
-from opd.train.losses import terms, token_logprobs
+from opd.train.losses import terms, token_logprobs, weighted_total
 from opd.train.untied import save_untied
 
 logger = logging.getLogger(__name__)
@@ -75,16 +75,18 @@ class LocalTrainer:
             return None
         batch = make_batch(groups, cfg.max_tokens)
         tokens = max(1, batch.trained_tokens)
-        sums = {"pg": 0.0, "opd": 0.0, "topk_kl": 0.0, "kl_to_sampler": 0.0, "clipped": 0.0, "opd_tokens": 0.0, "topk_tokens": 0.0,
-                "opd_clamped": 0.0, "ratio_sum": 0.0}
+        weights = dict(cfg.loss)
+        losses = {name: 0.0 for name in weights}
+        sums = {"kl_to_sampler": 0.0, "clipped": 0.0, "opd_tokens": 0.0, "topk_tokens": 0.0, "opd_clamped": 0.0, "ratio_sum": 0.0}
         ratio_max, ratio_min = 0.0, math.inf
         self.optimizer.zero_grad(set_to_none=True)
         for start in range(0, batch.tokens.shape[0], cfg.micro_batch):
             micro = _rows(batch, slice(start, start + cfg.micro_batch))
             logits = self.model(input_ids=micro.tokens, attention_mask=micro.attention.long()).logits
-            t = terms(logits, micro, cfg.clip, cfg.opd_clamp)
-            loss = (cfg.loss.pg * t.pg + cfg.loss.opd_advantage * t.opd + cfg.loss.topk_kl * t.topk_kl) / tokens
-            loss.backward()
+            t = terms(logits, micro, cfg.clip, cfg.opd_clamp, names=list(weights))
+            (weighted_total(weights, t.losses) / tokens).backward()
+            for name, value in t.losses.items():
+                losses[name] += float(value.detach())
             for name in sums:
                 sums[name] += float(getattr(t, name).detach())
             if bool(micro.trained.any()):
@@ -93,12 +95,10 @@ class LocalTrainer:
         self.optimizer.step()
         self.steps += 1
         seconds = time.monotonic() - started
-        terms_per_token = {name: sums[name] / tokens for name in ("pg", "opd", "topk_kl")}
+        per_token = {name: value / tokens for name, value in losses.items()}
         return {
-            "trainer/loss": cfg.loss.pg * terms_per_token["pg"] + cfg.loss.opd_advantage * terms_per_token["opd"] + cfg.loss.topk_kl * terms_per_token["topk_kl"],
-            "trainer/loss_pg": terms_per_token["pg"],
-            "trainer/loss_opd_advantage": terms_per_token["opd"],
-            "trainer/loss_topk_kl": terms_per_token["topk_kl"],
+            "trainer/loss": float(weighted_total(weights, per_token)),
+            **{f"trainer/loss_{name}": value for name, value in per_token.items()},
             "trainer/kl_to_sampler": sums["kl_to_sampler"] / tokens,
             # new/sampler before this step's update: how far the trained weights are from those that sampled.
             "trainer/ratio_mean": sums["ratio_sum"] / tokens,
