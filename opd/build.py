@@ -47,7 +47,7 @@ def vocabulary_size(model: str) -> int | None:
 
 def preflight(cfg: Config, model: str) -> None:
     """What can be checked before any server starts or any request is sent: the reward's weights
-    against its rubric's signals, trainer.loss against the loss terms, top-K against the model's vocabulary, and running servers (server=vllm, judge=server) answering and serving the
+    against its rubric's signals, the sinks' names, trainer.loss against the loss terms, top-K against the model's vocabulary, and running servers (server=vllm, judge=server) answering and serving the
     model. Each failure is a ConfigError naming the key."""
     from opd.rewards.rubric import RubricError
     from opd.serving.watch import check_servers
@@ -56,6 +56,10 @@ def preflight(cfg: Config, model: str) -> None:
         environment_class(cfg.env.name).build_rubric(cfg.reward)
     except RubricError as err:
         raise ConfigError(str(err), err.key) from None
+    from opd.sinks.registry import resolve
+
+    for name in cfg.sinks:  # an unknown sink, or one of yours that does not import, fails here
+        resolve(name)
     if cfg.trainer.kind == "local":
         from opd.train.losses import LOSS_TERMS, unknown_terms
 
@@ -231,32 +235,15 @@ def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer
 
 
 def evaluator(cfg: Config, env: OPDBaseEnv, concurrency: int, tracker: Tracker | None) -> Any:
-    """Evaluation of the held-out split (a sink: at the start, every eval.every groups, at the end)."""
+    """Evaluation of the held-out split (mode=evaluate runs it alone)."""
     from opd.sinks.evaluation import Evaluator
 
     return Evaluator(env, cfg.eval, concurrency, Path(cfg.output_dir), tracker)
 
 
 def sinks(cfg: Config, env: OPDBaseEnv, model: str, base_urls: list[str], tracker: Tracker | None, concurrency: int) -> list[Sink]:
-    """Where groups go, in order: the JSONL file, MLflow (when tracking), the Atropos trainer API
-    (trainer=atropos or mode=serve), the local trainer (trainer=local), evaluation (eval.every)."""
-    from opd.sinks.jsonl import GroupFile
+    """Where groups go, in order: the JSONL file, then each sink `cfg.sinks` names that the run
+    uses (opd.sinks.registry)."""
+    from opd.sinks.registry import SinkContext, build_sinks
 
-    out_dir = Path(cfg.output_dir)
-    groups_path = out_dir / "groups.jsonl"
-    out: list[Sink] = [GroupFile(groups_path, fsync=cfg.runner.fsync)]
-    if tracker is not None:
-        from opd.sinks.mlflow import MlflowMetrics
-
-        out.append(MlflowMetrics(tracker, groups_path, env.tokenizer, upload_data=cfg.tracking.log_data_artifacts))
-    if cfg.mode == "serve" or cfg.trainer.kind == "atropos":
-        from opd.sinks.atropos import AtroposTrainer
-
-        out.append(AtroposTrainer(cfg.serve, cfg.group_size, cfg.server.max_model_len))
-    if cfg.trainer.kind == "local":
-        from opd.sinks.trainer import TrainerSink
-
-        out.append(TrainerSink(cfg.trainer, env, model, base_urls, out_dir, tracker, cfg.server.api_key))
-    if cfg.eval.every is not None:
-        out.append(evaluator(cfg, env, concurrency, tracker))
-    return out
+    return build_sinks(list(cfg.sinks), SinkContext(cfg, env, model, base_urls, tracker, concurrency, Path(cfg.output_dir)))

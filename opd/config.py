@@ -728,6 +728,7 @@ class Config:
     output_root: str = MISSING
     output_dir: str = MISSING
     resume: bool = MISSING
+    sinks: list[str] = MISSING
 
     def __post_init__(self) -> None:
         _one_of("mode", self.mode, ("train", "evaluate", "serve"))

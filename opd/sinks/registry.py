@@ -1,0 +1,123 @@
+"""Sinks by name: `sinks: [...]` in the config lists, in order, the sinks a run may hand its
+groups to after the JSONL file (always first: a group is on disk before anything else sees it).
+
+A name is a registered sink (`@sink_factory("name")`, below for the project's own) or
+`package.module:factory` for one of yours, imported when the run starts. A factory takes the
+run's `SinkContext` and returns the sink, or None where the run does not use it (`mlflow` without
+tracking, `trainer` without trainer=local), so the default list serves every mode.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from opd.config import Config, ConfigError
+from opd.sinks.base import Sink
+
+if TYPE_CHECKING:
+    from opd.envs.base import OPDBaseEnv
+    from opd.tracking.run import Tracker
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """What a sink may be built from: the run's config, environment, served model and its URLs,
+    the MLflow tracker (None: not tracking), the rollouts in flight and the run's directory."""
+
+    cfg: Config
+    env: OPDBaseEnv
+    model: str
+    base_urls: list[str]
+    tracker: Tracker | None
+    concurrency: int
+    out_dir: Path
+
+    @property
+    def groups_path(self) -> Path:
+        return self.out_dir / "groups.jsonl"
+
+
+SinkFactory = Callable[[SinkContext], "Sink | None"]
+# The project's sinks by name.
+SINKS: dict[str, SinkFactory] = {}
+
+
+def sink_factory(name: str) -> Callable[[SinkFactory], SinkFactory]:
+    """Register `fn` as the factory of the sink `name`."""
+
+    def register(fn: SinkFactory) -> SinkFactory:
+        SINKS[name] = fn
+        return fn
+
+    return register
+
+
+def resolve(name: str) -> SinkFactory:
+    """The factory a `sinks` entry names; a ConfigError naming `sinks` when there is none."""
+    if name in SINKS:
+        return SINKS[name]
+    module, _, attr = name.partition(":")
+    if not attr:
+        raise ConfigError(f"sinks: no sink named {name!r} (sinks: {', '.join(SINKS)}; or package.module:factory)", "sinks")
+    try:
+        found: Any = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"sinks: cannot load {name!r}: {type(err).__name__}: {err}", "sinks") from None
+    if not callable(found):
+        raise ConfigError(f"sinks: {name!r} is not a factory (a callable taking a SinkContext)", "sinks")
+    return found
+
+
+def build_sinks(names: list[str], ctx: SinkContext) -> list[Sink]:
+    """The JSONL file, then each named sink the run uses, in the configured order."""
+    from opd.sinks.jsonl import GroupFile
+
+    out: list[Sink] = [GroupFile(ctx.groups_path, fsync=ctx.cfg.runner.fsync)]
+    for name in names:
+        made = resolve(name)(ctx)
+        if made is not None:
+            out.append(made)
+    return out
+
+
+@sink_factory("mlflow")
+def _mlflow(ctx: SinkContext) -> Sink | None:
+    """Per-group metrics and the data artifacts, when tracking."""
+    if ctx.tracker is None:
+        return None
+    from opd.sinks.mlflow import MlflowMetrics
+
+    return MlflowMetrics(ctx.tracker, ctx.groups_path, ctx.env.tokenizer, upload_data=ctx.cfg.tracking.log_data_artifacts)
+
+
+@sink_factory("atropos")
+def _atropos(ctx: SinkContext) -> Sink | None:
+    """The Atropos trainer API, with mode=serve or trainer=atropos."""
+    if ctx.cfg.mode != "serve" and ctx.cfg.trainer.kind != "atropos":
+        return None
+    from opd.sinks.atropos import AtroposTrainer
+
+    return AtroposTrainer(ctx.cfg.serve, ctx.cfg.group_size, ctx.cfg.server.max_model_len)
+
+
+@sink_factory("trainer")
+def _trainer(ctx: SinkContext) -> Sink | None:
+    """The reference trainer in the run, with trainer=local."""
+    if ctx.cfg.trainer.kind != "local":
+        return None
+    from opd.sinks.trainer import TrainerSink
+
+    return TrainerSink(ctx.cfg.trainer, ctx.env, ctx.model, ctx.base_urls, ctx.out_dir, ctx.tracker, ctx.cfg.server.api_key)
+
+
+@sink_factory("evaluation")
+def evaluation(ctx: SinkContext) -> Sink | None:
+    """The held-out evaluation every eval.every groups (and at the start and the end)."""
+    if ctx.cfg.eval.every is None:
+        return None
+    from opd.sinks.evaluation import Evaluator
+
+    return Evaluator(ctx.env, ctx.cfg.eval, ctx.concurrency, ctx.out_dir, ctx.tracker)

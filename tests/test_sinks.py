@@ -1,0 +1,63 @@
+"""Sinks by name (opd/sinks/registry.py): the config lists them, a sink of yours is a factory named
+`module:attr`, and a name that is no sink fails before any server starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import compose
+from opd.config import ConfigError, validate
+from opd.sinks.base import Sink, Written
+from opd.sinks.registry import SINKS, SinkContext, resolve
+
+
+class _Recorder(Sink):
+    """Appends each group's step and score sum to a file of its own."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    async def write(self, written: Written) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps({"step": written.step, "groups_on_disk": len((self.path.parent / "groups.jsonl").read_text().splitlines())}) + "\n")
+
+
+def recording_sink(ctx: SinkContext) -> Sink:
+    """A sink of the user's: named in the config as test_sinks:recording_sink."""
+    return _Recorder(ctx.out_dir / "recorded.jsonl")
+
+
+def test_a_name_that_is_no_sink_is_a_config_error_naming_sinks() -> None:
+    assert resolve("mlflow") is SINKS["mlflow"] and resolve("test_sinks:recording_sink") is recording_sink
+    with pytest.raises(ConfigError, match=r"sinks: no sink named 'mlflo' \(sinks: mlflow, atropos, trainer, evaluation; or package.module:factory\)"):
+        resolve("mlflo")
+    with pytest.raises(ConfigError, match="sinks: cannot load 'no_such_module:f': ModuleNotFoundError"):
+        resolve("no_such_module:f")
+    with pytest.raises(ConfigError, match="sinks: cannot load 'test_sinks:missing': AttributeError"):
+        resolve("test_sinks:missing")
+
+
+def test_an_unknown_sink_fails_at_the_preflight(fixture_model: str) -> None:
+    from opd.build import preflight
+
+    with pytest.raises(ConfigError, match="sinks: no sink named 'wandb'"):
+        preflight(validate(compose(["sinks=[mlflow,wandb]"])), fixture_model)
+
+
+@pytest.mark.slow
+def test_a_sink_of_yours_gets_every_group_after_the_file_has_it(tmp_path: Path) -> None:
+    from experiments.bench.common import scripted_server
+    from experiments.launch import launch
+    from opd.fixture.build import ensure_fixture
+
+    out = tmp_path / "run"
+    with scripted_server(0.01) as url:
+        launch(compose(["env=inline_math", "server=vllm", f"server.model={ensure_fixture()}", f"server.base_urls=[{url}]", "total_steps=3",
+                        "group_size=2", f"output_dir={out}", "tracking.enabled=false", "runner.progress=false",
+                        "sinks=[mlflow,atropos,trainer,evaluation,test_sinks:recording_sink]"]))
+    recorded = [json.loads(line) for line in (out / "recorded.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recorded] == [1, 2, 3]
+    assert all(r["groups_on_disk"] >= r["step"] for r in recorded)  # groups.jsonl is always first
