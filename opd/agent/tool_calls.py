@@ -1,7 +1,9 @@
-"""Hermes-style tool calls in model text: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+"""A tool call as data (`ToolCall`, or a `ToolCallError` whose message is shown to the model) and
+running a parsed call against a `Toolbox`.
 
-Parsing (never raises anything but `ToolCallError`, whose message is shown to the model), the text
-of a call as the model is asked to write it, and running a parsed call against a `Toolbox`.
+The family's own format is parsed by vLLM's parsers (`opd.agent.chat_format`); what is here reads
+a JSON call body to explain why the parser refused it (`parse_tool_call`: what the model can fix)
+and writes a call as the fixture's prompts and transcripts show it (`tool_call_text`).
 """
 
 from __future__ import annotations

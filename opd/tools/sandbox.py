@@ -1,4 +1,5 @@
-"""Run untrusted code in a jail: bubblewrap (`bwrap`), one call at a time, each call alone.
+"""Run untrusted code in a jail: bubblewrap (`bwrap`), each call alone (calls run at once, each
+in its own namespaces, directories, uid and control group).
 
 Per call (`env.sandbox.backend: bwrap`):
 - its own mount namespace: the interpreter and the system's libraries read-only, the call's own
