@@ -112,6 +112,7 @@ def test_turns_are_exact_sampled_ids_with_one_end_of_turn_each(make_env, tokeniz
     assert "wrote 31 bytes to solution.py" in text and "All tests passed!" in text and "[exit code 0]" in text
     details = group["overrides"][0]
     assert details["tests"] == "pass" and details["turns"] == 3 and details["finish"] == "answer"
+    assert group["group_overrides"]["env"] == "opd_coding" and details["passed"] is True and details["tool_calls"] == len(details["tools_used"]) > 0
     assert group["scores"] == [pytest.approx(1.0)]
 
 
@@ -132,7 +133,7 @@ def test_own_trivial_test_file_earns_no_correctness(make_env) -> None:
 def test_solution_that_exits_early_does_not_pass(make_env) -> None:
     env = make_env([call("write_file", path="solution.py", content="import os\nos._exit(0)\n"), "Done."])
     group = collect(env)
-    assert group["overrides"][0]["tests"] == "crash"
+    assert group["overrides"][0]["tests"] == "crash" and group["overrides"][0]["passed"] is False
 
 
 def test_no_solution_written(make_env) -> None:

@@ -153,6 +153,19 @@ def test_index_rows_count_what_each_env_records(tokenizer) -> None:
     assert (math["env"], math["passed"], math["failed"], math["hinted_turns"], math["format_violations"], math["tool_calls"]) == ("inline_math", 1, 1, 0, 1, 1)
 
 
+def test_a_group_says_its_environment_and_each_rollout_whether_it_passed() -> None:
+    """The viewer reads what the records say (any environment, also one it was never written
+    for), and falls back to the record's shape only for records that do not say."""
+    group = {"tokens": [[1, 2], [1, 3]], "masks": [[-100, 2], [-100, 3]], "scores": [1.0, 0.0],
+             "group_overrides": {"env": "echo", "item_id": "e1"},
+             "overrides": [{"passed": True, "tool_calls": 2}, {"passed": False, "tool_calls": 0}]}
+    row = dict(zip(COLUMNS, summarise(0, group)))
+    assert (row["env"], row["passed"], row["failed"], row["tool_calls"]) == ("echo", 1, 1, 2)
+    legacy = {**group, "group_overrides": {"item_id": "e1", "answer": "5"}, "overrides": [{"correct": True}, {"correct": False}]}
+    row = dict(zip(COLUMNS, summarise(0, legacy)))
+    assert (row["env"], row["passed"], row["failed"]) == ("inline_math", 1, 1)
+
+
 def test_the_page_holds_each_group_packed_as_the_record_says(records, tokenizer, tmp_path) -> None:
     html_path = write_viewer(records, tokenizer, tmp_path / "groups.html")
     html = html_path.read_text()

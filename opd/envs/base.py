@@ -167,7 +167,9 @@ class OPDBaseEnv:
     def group_record(self, item: dict[str, Any], sequences: list[Any], scores: list[float], details: list[dict[str, Any]],
                      generation_params: dict[str, Any], messages: list[list[dict[str, Any]]] | None = None,
                      group_overrides: dict[str, Any] | None = None) -> ScoredDataGroup:
-        """The group as written: tokens, masks, logprobs of each `Sequence`, scores, details."""
+        """The group as written: tokens, masks, logprobs of each `Sequence`, scores, details
+        (each rollout's `passed`: did it solve its task, `tool_calls`: calls that reached a tool,
+        as the viewer shows them)."""
         return dict(  # type: ignore[return-value]  # a ScoredDataGroup
             tokens=[s.tokens for s in sequences],
             masks=[s.masks for s in sequences],
@@ -177,7 +179,8 @@ class OPDBaseEnv:
             ref_logprobs=None,
             messages=messages,
             generation_params={"temperature": self.temperature, **self.sampling, **generation_params},
-            group_overrides={"item_id": item["id"], **(group_overrides or {})},
+            # Which environment wrote the group: readers (the viewer) go by it, not by the record's shape.
+            group_overrides={"env": self.name, "item_id": item["id"], **(group_overrides or {})},
             overrides=details,
         )
 

@@ -188,6 +188,7 @@ class InlineMathEnv(OPDBaseEnv):
             {
                 "reward_signals": s.signals,
                 "correct": bool(s.signals["correct"]),
+                "passed": bool(s.signals["correct"]),
                 "tool_calls": r.tool_calls_run,
                 "tool_errors": r.tool_errors,
                 "finish": r.finish,

@@ -146,6 +146,8 @@ class OPDCodingEnv(OPDBaseEnv):
             {
                 "reward_signals": scored.signals,
                 "tests": tests,
+                "passed": tests == "pass",
+                "tool_calls": len(rollout.tools_used),
                 "turns": rollout.turns_used,
                 "tools_used": rollout.tools_used,
                 "tool_errors": rollout.tool_errors,

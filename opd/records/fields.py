@@ -71,7 +71,7 @@ OPD_TURN = Record({
 # One sequence's details (`overrides[i]`): what both environments and the OPD stage write.
 DETAIL = Record({
     "reward_signals": DictOf(NUMBER), "tool_errors": COUNT, "finish": STR, "generated_tokens": COUNT,
-    "correct": BOOL, "tool_calls": COUNT, "verify_timed_out": BOOL,
+    "passed": BOOL, "correct": BOOL, "tool_calls": COUNT, "verify_timed_out": BOOL,
     "tests": STR, "turns": COUNT, "tools_used": ListOf(STR),
     "teacher_logprobs": ListOf((NUMBER, NULL)), "opd_turns": ListOf(OPD_TURN),
 })
@@ -79,7 +79,7 @@ MESSAGE = Record({"role": STR, "content": (STR, NULL, ListOf(Check(lambda v: typ
 # The group's optional fields besides the numeric arrays (`opd.records.rules` checks those).
 GROUP = Record({
     "overrides": (NULL, ListOf(DETAIL)),
-    "group_overrides": (NULL, Record({"item_id": (STR, INT), "answer": (STR, NUMBER), "weight_version": COUNT, "opd_wall_s": NUMBER})),
+    "group_overrides": (NULL, Record({"env": STR, "item_id": (STR, INT), "answer": (STR, NUMBER), "weight_version": COUNT, "opd_wall_s": NUMBER})),
     "generation_params": (NULL, DictOf((*SCALAR, ListOf(SCALAR)))),
     "messages": (NULL, ListOf((NULL, ListOf(MESSAGE)))),
     "advantages": (NULL, ListOf((NULL, ListOf(NUMBER)))),

@@ -17,7 +17,11 @@ COLUMNS = ["group", "item", "env", "rollouts", "score_mean", "score_std", "score
 
 
 def env_of(group: dict[str, Any]) -> str:
-    """opd_coding, inline_math, or unknown (a record from elsewhere)."""
+    """The environment that wrote the group (`group_overrides.env`); for records written before
+    it was recorded, opd_coding or inline_math by their shape, or unknown (a record from elsewhere)."""
+    named = (group.get("group_overrides") or {}).get("env")
+    if isinstance(named, str) and named:
+        return named
     if group.get("messages") is not None or group.get("distill_token_ids") is not None:
         return "opd_coding"
     if "answer" in (group.get("group_overrides") or {}):
@@ -26,8 +30,10 @@ def env_of(group: dict[str, Any]) -> str:
 
 
 def passed(env: str, detail: dict[str, Any]) -> bool | None:
-    """Whether one rollout solved its task (inline_math: `correct`; opd_coding: tests pass);
-    None when the record does not say."""
+    """Whether one rollout solved its task, as its environment wrote it (`passed`; older records:
+    inline_math's `correct`, opd_coding's tests); None when the record does not say."""
+    if isinstance(detail.get("passed"), bool):
+        return detail["passed"]
     if env == "inline_math" and "correct" in detail:
         return bool(detail["correct"])
     if env == "opd_coding" and "tests" in detail:
