@@ -53,7 +53,7 @@ def preflight(cfg: Config, model: str) -> None:
     from opd.serving.watch import check_servers
 
     try:  # a weight without a signal (or the reverse) fails here, not after vLLM's start-up
-        environment_class(cfg.env.name).build_rubric(cfg.reward)
+        environment_class(cfg).build_rubric(cfg.reward)
     except RubricError as err:
         raise ConfigError(str(err), err.key) from None
     from opd.sinks.registry import resolve
@@ -78,18 +78,9 @@ def preflight(cfg: Config, model: str) -> None:
 
 def load_data(cfg: Config) -> TaskSet:
     """The environment's dataset (loaded before any server starts, so bad paths fail first)."""
-    if cfg.env.name == "inline_math":
-        from opd.data.math_sets import load_math
+    from opd.envs.registry import spec_of
 
-        if cfg.dataset.source == "humaneval":
-            raise ConfigError("dataset.source: humaneval holds coding tasks; env=inline_math needs math problems", "dataset.source")
-        data = load_math(cfg.dataset)
-    elif cfg.env.name == "opd_coding":
-        from opd.data.coding_sets import load_coding
-
-        data = load_coding(cfg.dataset)
-    else:
-        raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}", "env.name")
+    data = spec_of(cfg.env).load_data(cfg)
     logger.info("dataset %s: %d train, %d eval items", data.source, len(data.train), len(data.eval))
     return data
 
@@ -194,44 +185,28 @@ def tracer(cfg: Config, tracker: Tracker | None) -> Tracer:
     return Tracer(True, tracker.for_traces())
 
 
-def drop_equal_scores(cfg: Config) -> bool:
-    """`env.drop_equal_scores`; null: as atroposlib, drop when groups go to an Atropos trainer
-    (its `serve` drops them, its `process` keeps them)."""
-    value = getattr(cfg.env, "drop_equal_scores", None)
-    return value if value is not None else cfg.mode == "serve" or cfg.trainer.kind == "atropos"
-
-
 def environment_arguments(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None) -> tuple[tuple, dict[str, Any]]:
     """The configured environment's constructor arguments (args, kwargs), over `pool` (and
     `judge`, judge=server's own pool)."""
     from opd.agent.chat_format import ChatFormat
+    from opd.envs.registry import spec_of
 
     common = {"data": data, "pool": pool, "tokenizer_path": model, "group_size": cfg.group_size,
               "max_model_len": cfg.server.max_model_len, "seed": cfg.seed, "tracer": tracer, "chat_format": ChatFormat.from_config(cfg.model)}
-    if cfg.env.name == "inline_math":
-        return (cfg.env, cfg.reward), {"drop_equal_scores": drop_equal_scores(cfg), **common}
-    if cfg.env.name == "opd_coding":
-        return (cfg.env, cfg.reward, cfg.judge), {"judge_pool": judge, **common}
-    raise ConfigError(f"env.name: unknown environment {cfg.env.name!r}", "env.name")
+    return spec_of(cfg.env).constructor_arguments(cfg, common, judge)
 
 
-def environment_class(name: str) -> type[OPDBaseEnv]:
-    """The environment class of `env.name`."""
-    if name == "inline_math":
-        from opd.envs.inline_math import InlineMathEnv
+def environment_class(cfg: Config) -> type[OPDBaseEnv]:
+    """The configured environment's class (opd.envs.registry)."""
+    from opd.envs.registry import spec_of
 
-        return InlineMathEnv
-    if name == "opd_coding":
-        from opd.envs.opd_coding import OPDCodingEnv
-
-        return OPDCodingEnv
-    raise ConfigError(f"env.name: unknown environment {name!r}", "env.name")
+    return spec_of(cfg.env).environment_class()
 
 
 def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None) -> OPDBaseEnv:
     """The configured environment over `pool` (and `judge`, judge=server's own pool)."""
     args, kwargs = environment_arguments(cfg, data, model, pool, tracer, judge)
-    return environment_class(cfg.env.name)(*args, **kwargs)
+    return environment_class(cfg)(*args, **kwargs)
 
 
 def evaluator(cfg: Config, env: OPDBaseEnv, concurrency: int, tracker: Tracker | None) -> Any:

@@ -277,6 +277,7 @@ class EnvConfig:
     """Fields every environment has (conf/env/common/sampling.yaml)."""
 
     name: str = MISSING
+    spec: Optional[str] = MISSING
     temperature: float = MISSING
     top_p: Optional[float] = MISSING
     top_k: Optional[int] = MISSING
@@ -748,7 +749,7 @@ class Config:
                    f"<= server.max_requests_in_flight ({self.server.max_requests_in_flight}; each worker needs a request slot)", self.runner.workers)
         if self.trainer.kind == "local":
             _check(self.mode == "train", "trainer", "used with mode=train (trainer=local trains on the groups it writes)", f"trainer={self.trainer.kind}, mode={self.mode}")
-            _check(self.env.name == "opd_coding" or self.trainer.loss.get("pg", 0) > 0, "trainer.loss.pg",
+            _check(getattr(self.env, "name", None) == "opd_coding" or self.trainer.loss.get("pg", 0) > 0, "trainer.loss.pg",
                    "> 0 for inline_math (its records have no teacher rows for the OPD terms)", self.trainer.loss.get("pg", 0))
 
 
@@ -834,6 +835,14 @@ def validate(cfg: DictConfig) -> Config:
         raise ConfigError(f"{str(err).replace(err.key or '', knob, 1)} (it sets {err.key})", knob) from None
     if not isinstance(typed, Config):
         raise ConfigError(f"the composed config is not the Config schema but {type(typed).__name__}")
+    if isinstance(typed.env, dict):  # an environment of yours: its schemas come with its spec (opd.envs.registry)
+        if not typed.env.get("spec"):
+            raise ConfigError(f"env.name: environment {typed.env.get('name')!r} has no schema; an environment of yours names its "
+                              "EnvSpec: env.spec=package.module:SPEC", "env.spec")
+        spec = load_object(str(typed.env["spec"]), "env.spec")
+        typed.env = _typed("env", getattr(spec, "env_schema", None), typed.env)
+        if isinstance(typed.reward, dict):
+            typed.reward = _typed("reward", getattr(spec, "reward_schema", None), typed.reward)
     # `+key=value` overrides bypass the schema at composition; to_object would drop them silently.
     known = set(_leaf_keys(OmegaConf.to_container(OmegaConf.structured(typed), resolve=False)))
     unknown = sorted(set(_leaf_keys(raw)) - known)
@@ -846,6 +855,34 @@ def validate(cfg: DictConfig) -> Config:
             named.append(f"{key} (did you mean {close[0]}?)" if close else key)
         raise ConfigError(f"unknown config key(s): {', '.join(named)}; not in the schema", unknown[0])
     return typed
+
+
+def load_object(path: str, key: str) -> Any:
+    """The object `package.module:attr` names (a config value naming code of yours); a ConfigError
+    naming `key` when it cannot be imported."""
+    import importlib
+
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise ConfigError(f"{key}: {path!r} is not package.module:attr", key)
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"{key}: cannot load {path!r}: {type(err).__name__}: {err}", key) from None
+
+
+def _typed(key: str, schema: type | None, values: dict[str, Any]) -> Any:
+    """`values` (an untyped config node) as `schema`'s dataclass, its checks run; a ConfigError
+    naming the key for a missing schema, an unknown field or a wrong type."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    if schema is None:
+        raise ConfigError(f"{key}: env.spec declares no {key} schema for this untyped {key} config", key)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+    except OmegaConfBaseException as err:
+        where = getattr(err, "full_key", "") or "?"
+        raise ConfigError(f"{key}.{where}: {str(err).splitlines()[0]}", f"{key}.{where}") from None
 
 
 # What to type for a value the config leaves to the user (`???` in conf/).

@@ -9,12 +9,11 @@ tracking, `trainer` without trainer=local), so the default list serves every mod
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
-from opd.config import Config, ConfigError
+from opd.config import Config, ConfigError, load_object
 from opd.sinks.base import Sink
 
 if TYPE_CHECKING:
@@ -59,13 +58,9 @@ def resolve(name: str) -> SinkFactory:
     """The factory a `sinks` entry names; a ConfigError naming `sinks` when there is none."""
     if name in SINKS:
         return SINKS[name]
-    module, _, attr = name.partition(":")
-    if not attr:
+    if ":" not in name:
         raise ConfigError(f"sinks: no sink named {name!r} (sinks: {', '.join(SINKS)}; or package.module:factory)", "sinks")
-    try:
-        found: Any = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"sinks: cannot load {name!r}: {type(err).__name__}: {err}", "sinks") from None
+    found = load_object(name, "sinks")
     if not callable(found):
         raise ConfigError(f"sinks: {name!r} is not a factory (a callable taking a SinkContext)", "sinks")
     return found

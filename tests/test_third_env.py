@@ -1,0 +1,57 @@
+"""A new environment is one place: tests/third_env/ (its class, data, schemas, rubric and config
+files) runs through the launcher, the records, MLflow and the viewer with no framework file edited."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from opd.records import check_group, read_groups
+
+THIRD = Path(__file__).resolve().parent / "third_env"
+
+
+@pytest.mark.slow
+def test_a_third_environment_outside_opd_runs_through_launcher_records_mlflow_and_viewer(tmp_path: Path) -> None:
+    import mlflow
+
+    from experiments.bench.common import scripted_server
+    from opd.fixture.build import ensure_fixture
+
+    run_dir, uri = tmp_path / "run", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(THIRD.parent), os.environ.get("PYTHONPATH", "")])}
+    with scripted_server(0.01) as url:
+        proc = subprocess.run([
+            sys.executable, "-m", "experiments.launch", f"hydra.searchpath=[file://{THIRD / 'conf'}]", "env=echo",
+            "server=vllm", f"server.model={ensure_fixture()}", f"server.base_urls=[{url}]", "total_steps=3", "group_size=2", "eval.every=3",
+            f"hydra.run.dir={run_dir}", f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path / 'mlruns'}", "runner.progress=false",
+        ], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    groups = list(read_groups(run_dir / "groups.jsonl"))
+    assert len(groups) == 3 and all(check_group(g) == [] for g in groups)
+    assert {g["group_overrides"]["env"] for g in groups} == {"echo"}
+    assert all(set(d["reward_signals"]) == {"said"} and isinstance(d["passed"], bool) for g in groups for d in g["overrides"])
+    (run,) = mlflow.MlflowClient(uri).search_runs([mlflow.MlflowClient(uri).get_experiment_by_name("echo").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["env"] == "echo" and run.data.params["env.max_tokens"] == "16"
+    assert "reward/said" in run.data.metrics and "eval/accuracy" in run.data.metrics
+    page = (run_dir / "groups.html").read_text()
+    assert '"echo"' in page  # the index rows name the environment the records name
+
+
+def test_an_environment_without_a_spec_is_named_in_one_line(tmp_path: Path) -> None:
+    from opd.config import ConfigError, validate
+    from opd.envs.registry import spec_of
+
+    with pytest.raises(ConfigError, match=r"env.name: unknown environment 'echo' \(environments: inline_math, opd_coding; or env.spec="):
+        spec_of({"name": "echo"})
+    with pytest.raises(ConfigError, match="env.spec: cannot load 'third_env.nowhere:SPEC': ModuleNotFoundError"):
+        spec_of({"name": "echo", "spec": "third_env.nowhere:SPEC"})
+    from conftest import compose
+
+    with pytest.raises(ConfigError, match=r"env.max_tokens"):
+        validate(compose([f"hydra.searchpath=[file://{THIRD / 'conf'}]", "env=echo", "env.max_tokens=abc"]))
