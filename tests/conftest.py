@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from pathlib import Path
 from typing import Iterator
@@ -14,21 +16,46 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 
+# The tiers beside `fast` (pyproject.toml registers them): a test in none of them is `fast`.
+HEAVY_TIERS = ("vllm", "ray", "slurm", "browser", "slow")
+# A test that takes one of these fixtures is in its tier whether or not it says so.
+TIER_OF_FIXTURE = {"vllm_url": "vllm", "ray_address": "ray", "slurm": "slurm"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with the tier of the fixtures it needs, and `fast` when it is in no heavy tier."""
+    for item in items:
+        for fixture in TIER_OF_FIXTURE.keys() & set(getattr(item, "fixturenames", ())):
+            item.add_marker(TIER_OF_FIXTURE[fixture])
+        if not any(item.get_closest_marker(tier) for tier in HEAVY_TIERS):
+            item.add_marker("fast")
+
 
 def compose(overrides: list[str] | None = None):
-    """The real config tree composed like the launcher does (output_dir filled in)."""
+    """The real config tree composed like the launcher does (output_dir filled in): a copy of its
+    own, composed once a session for the same overrides (Hydra takes ~0.2 s of CPU a compose)."""
+    return copy.deepcopy(_composed(("output_dir=/tmp/opd-test-unused", *(overrides or []))))
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(overrides: tuple[str, ...]):
     from opd.config import compose as compose_config
 
-    return compose_config(["output_dir=/tmp/opd-test-unused", *(overrides or [])])
+    return compose_config(list(overrides))
 
 
 def sandbox_limits(**changes):
     """The configured sandbox limits (conf/sandbox/default.yaml) with `changes`."""
     from dataclasses import replace
 
+    return replace(_default_sandbox(), **changes)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_sandbox():
     from opd.config import validate
 
-    return replace(validate(compose()).env.sandbox, **changes)
+    return validate(compose()).env.sandbox
 
 
 @pytest.fixture(scope="session")
@@ -76,8 +103,3 @@ def vllm_url(fixture_model: str, untied_fixture: str, tmp_path_factory: pytest.T
     """A real vLLM server, started once for the whole session."""
     yield from _vllm_server(fixture_model, untied_fixture, tmp_path_factory.mktemp("vllm"))
 
-
-@pytest.fixture(scope="session")
-def vllm_url_2(fixture_model: str, untied_fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A second real vLLM server (multi-server balancing)."""
-    yield from _vllm_server(fixture_model, untied_fixture, tmp_path_factory.mktemp("vllm2"))

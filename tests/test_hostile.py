@@ -546,12 +546,12 @@ def test_parsers_survive_pathological_text_quickly(parser_name: str, text_name: 
         parse("1")  # warm up: builds the vLLM parser once, outside the clock
     except allowed:
         pass
-    started = time.monotonic()
+    started = time.thread_time()  # CPU time: what the parser computed, not the machine's load
     try:
         parse(PATHOLOGICAL[text_name])
     except allowed:  # the documented, clean refusal
         pass
-    assert time.monotonic() - started < 0.5
+    assert time.thread_time() - started < 0.5
 
 
 ADVERSARIAL = st.lists(st.sampled_from(["{", "}", "[", "]", '"', "\\", "\\boxed", "<tool_call>", "</tool_call>", "</think>", "**", "(", ")", "9", ":", ",", "name", "arguments", "\n", "\\boxed{1}", "\\boxed{-1}"]), max_size=3000).map("".join)
@@ -878,7 +878,6 @@ import copy  # noqa: E402
 import json  # noqa: E402
 
 from experiments.bench.chromium import Chromium, chromium_binary  # noqa: E402
-from opd.records import check_group  # noqa: E402
 from opd.records.viewer import write_viewer  # noqa: E402
 
 XSS = '<img src=x onerror="window.__pwned=(window.__pwned||0)+1"><script>window.__pwned=1</script>'
@@ -944,6 +943,7 @@ def test_the_record_check_refuses_every_field_of_the_wrong_type(tokenizer, tmp_p
     assert count == len(names) and refused == set(names) - WELL_TYPED, (set(names) - WELL_TYPED) ^ refused
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(chromium_binary() is None, reason="chromium is not installed (scripts/install.sh installs it as root with apt)")
 def test_a_hostile_records_file_runs_no_script_in_the_viewer(tokenizer, tmp_path: Path) -> None:
     names = _hostile_records(tokenizer, tmp_path / "hostile.jsonl")
