@@ -1,5 +1,6 @@
 """What several test modules share: a run pointed at a server with its own MLflow store, that
-run's MLflow record, a real `mlflow server` or `mlflow ui` on a free port, and hand-built records."""
+run's MLflow record, a server process (`mlflow server`, `mlflow ui`, ...) on a free port, a counting
+proxy, and hand-built records."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from conftest import ROOT, compose
 from opd.records import MASK, MASKED_LOGPROB
 from opd.serving.local_vllm import free_port
 
-__all__ = ["Proxy", "free_port", "run_args", "launch", "launch_process", "mlflow_run", "lines", "mlflow_serving", "sequence", "group"]
+__all__ = ["Proxy", "free_port", "run_args", "launch", "launch_process", "mlflow_run", "lines", "serving", "mlflow_serving", "sequence", "make_group"]
 
 
 # ---------------------------------------------------------------- runs
@@ -63,20 +64,17 @@ def lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
-# ---------------------------------------------------------------- a real MLflow server
+# ---------------------------------------------------------------- a real server process
 
 @contextlib.contextmanager
-def mlflow_serving(command: list[str], workdir: Path, ready_path: str = "/health", timeout_s: float = 240) -> Iterator[str]:
-    """`mlflow <command>` (`server ...` or `ui ...`) on a free loopback port, run in `workdir` with
-    its output in `workdir/mlflow.log`; yields its URL once `ready_path` answers. Its whole process
-    group is stopped afterwards."""
+def serving(program: list[str], workdir: Path, ready_path: str = "/", timeout_s: float = 240, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`program --host 127.0.0.1 --port PORT` on a free port, run in `workdir` with its output in
+    `workdir/server.log`; yields its URL once `ready_path` answers. Its whole process group is
+    stopped afterwards."""
     port = free_port()
-    log = (workdir / "mlflow.log").open("w")
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), *command, "--host", "127.0.0.1", "--port", str(port)],
-        cwd=workdir, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    log = (workdir / "server.log").open("w")
+    proc = subprocess.Popen([*program, "--host", "127.0.0.1", "--port", str(port)], cwd=workdir, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
@@ -85,7 +83,7 @@ def mlflow_serving(command: list[str], workdir: Path, ready_path: str = "/health
                 urllib.request.urlopen(url + ready_path, timeout=2).close()
                 break
             except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, (workdir / "mlflow.log").read_text()[-3000:]
+                assert proc.poll() is None and time.monotonic() < deadline, (workdir / "server.log").read_text()[-3000:]
                 time.sleep(0.25)
         yield url
     finally:
@@ -96,6 +94,12 @@ def mlflow_serving(command: list[str], workdir: Path, ready_path: str = "/health
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+def mlflow_serving(command: list[str], workdir: Path) -> contextlib.AbstractContextManager[str]:
+    """`mlflow <command>` (`server ...` or `ui ...`) as `serving` runs it, ready once /health answers."""
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    return serving([str(Path(sys.executable).parent / "mlflow"), *command], workdir, "/health", env=env)
 
 
 # ---------------------------------------------------------------- a proxy in front of a server
@@ -166,7 +170,7 @@ def sequence(prompt: list[int], generated: list[int], lp: float | list[float] = 
     return prompt + generated, [MASK] * len(prompt) + generated, [MASKED_LOGPROB] * len(prompt) + lps
 
 
-def group(rollouts: list[tuple[list[int], list[int], list[float]]], scores: list[float], **fields: Any) -> dict[str, Any]:
+def make_group(rollouts: list[tuple[list[int], list[int], list[float]]], scores: list[float], **fields: Any) -> dict[str, Any]:
     """A group of `rollouts` (from `sequence`) with their `scores`; `fields` add to or replace the
     rest (overrides default to one empty dict a rollout)."""
     return {

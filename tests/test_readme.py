@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Iterator
 import pytest
 
 from conftest import ROOT, compose
+from helpers import mlflow_serving
 from opd.config import validate
 
 README = ROOT / "README.md"
@@ -249,39 +249,19 @@ def test_a_run_then_its_viewer_check_and_mlflow_ui(tmp_path: Path, scripted: str
     assert view.returncode == 0 and (tmp_path / "page.html").stat().st_size > 0, view.stderr
     check = _python("-m", "opd.records", "check", groups)
     assert check.returncode == 0, check.stdout + check.stderr
-    _mlflow_ui_serves(f"sqlite:///{tmp_path}/mlflow.db", expect_run="inline_math fixture total_steps=3 group_size=8 seed=1")
+    _mlflow_ui_serves(f"sqlite:///{tmp_path}/mlflow.db", expect_run="inline_math fixture total_steps=3 group_size=8 seed=1", workdir=tmp_path)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _mlflow_ui_serves(uri: str, expect_run: str) -> None:
+def _mlflow_ui_serves(uri: str, expect_run: str, workdir: Path) -> None:
     """`mlflow ui --backend-store-uri URI` (on a free port) answers and lists the run."""
     import urllib.request
 
-    port = _free_port()
-    ui = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", uri, "--port", str(port)],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                          env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search", data=b'{"experiment_ids": ["1"]}',
-                                                 headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=5) as response:
-                    runs = json.load(response)["runs"]
-                break
-            except OSError:
-                assert ui.poll() is None and time.monotonic() < deadline, "mlflow ui did not start"
-                time.sleep(1)
-        assert expect_run in [r["info"]["run_name"] for r in runs]
-    finally:
-        os.killpg(ui.pid, 15)
-        ui.wait(timeout=30)
+    with mlflow_serving(["ui", "--backend-store-uri", uri], workdir) as url:
+        request = urllib.request.Request(f"{url}/api/2.0/mlflow/runs/search", data=b'{"experiment_ids": ["1"]}',
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            runs = json.load(response)["runs"]
+    assert expect_run in [r["info"]["run_name"] for r in runs]
 
 
 @pytest.mark.slow

@@ -7,18 +7,17 @@ from __future__ import annotations
 import http.server
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from conftest import ROOT, compose
+from helpers import free_port, mlflow_serving
 from opd.config import ConfigError, validate
 from opd.tracking.run import RunInfo, TrackingFailed, open_run
 from opd.tracking.store import artifact_location, check_store
@@ -100,10 +99,6 @@ class _NotMlflow(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_bad_stores_are_refused_quickly_without_mlflow(tmp_path: Path) -> None:
@@ -114,7 +109,7 @@ def test_bad_stores_are_refused_quickly_without_mlflow(tmp_path: Path) -> None:
     try:
         cases = [
             (f"sqlite:///{not_a_db}", "tracking.uri: cannot open the MLflow store"),
-            (f"http://127.0.0.1:{_free_port()}", "tracking.uri: cannot reach the MLflow server"),
+            (f"http://127.0.0.1:{free_port()}", "tracking.uri: cannot reach the MLflow server"),
             (f"http://127.0.0.1:{server.server_port}", "answers, but not as an MLflow tracking server"),
         ]
         for uri, message in cases:
@@ -324,33 +319,9 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     """A real `mlflow server` (sqlite backend, artifacts served from its own directory) on a free
     port; its URL and directory. Stopped (its whole process group) afterwards."""
     root = tmp_path_factory.mktemp("mlflow_server")
-    port = _free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    log = (root / "server.log").open("w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
-         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "2"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, (root / "server.log").read_text()[-3000:]
-                time.sleep(0.5)
+    with mlflow_serving(["server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--artifacts-destination", str(root / "artifacts"),
+                         "--workers", "2"], root) as url:
         yield url, root
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
 
 
 @pytest.mark.slow
