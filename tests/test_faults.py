@@ -80,9 +80,13 @@ def test_a_server_that_stays_down_ends_the_run_clearly(tmp_path: Path, fixture_m
     assert written and all(not check_group(g) for g in written)  # what was written stays valid
 
 
+# Enough groups that the kill (after 3, with 3 in flight) lands mid-run.
+STEPS = 20
+
+
 def test_sigkill_loses_only_groups_in_flight_and_resume_finishes_the_run(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
     groups_path = tmp_path / "run" / "groups.jsonl"
-    proc = launch_process(tmp_path, fixture_model, vllm_url, ["env=inline_math", "total_steps=60", "group_size=2", "runner.groups_in_flight=3"])
+    proc = launch_process(tmp_path, fixture_model, vllm_url, ["env=inline_math", f"total_steps={STEPS}", "group_size=2", "runner.groups_in_flight=3"])
     deadline = time.monotonic() + 300
     # The MLflow run is opened beside the first requests, not before them: under load a few groups
     # may be written first, so the kill waits for the run as well.
@@ -94,25 +98,25 @@ def test_sigkill_loses_only_groups_in_flight_and_resume_finishes_the_run(tmp_pat
     # Every complete line is a valid group (a partial last line is all a kill may leave).
     data = groups_path.read_bytes()
     complete = data[: data.rfind(b"\n") + 1].decode().splitlines()
-    assert 3 <= len(complete) < 60
+    assert 3 <= len(complete) < STEPS
     assert all(not check_group(json.loads(line)) for line in complete)
     client, run = mlflow_run(tmp_path)
     assert run.info.status == "RUNNING"  # nothing could close it
     run_id = run.info.run_id
 
-    proc = launch_process(tmp_path, fixture_model, vllm_url, ["env=inline_math", "total_steps=60", "group_size=2", "runner.groups_in_flight=3", "resume=true"])
+    proc = launch_process(tmp_path, fixture_model, vllm_url, ["env=inline_math", f"total_steps={STEPS}", "group_size=2", "runner.groups_in_flight=3", "resume=true"])
     assert proc.wait(timeout=600) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
     groups = list(read_groups(groups_path))
-    assert len(groups) == 60 and all(not check_group(g) for g in groups)
+    assert len(groups) == STEPS and all(not check_group(g) for g in groups)
     items = [g["group_overrides"]["item_id"] for g in groups]
-    assert len(set(items)) == 60  # no item done twice
+    assert len(set(items)) == STEPS  # no item done twice
     assert [json.loads(line) for line in complete] == groups[: len(complete)]  # kept as they were
     client, run = mlflow_run(tmp_path)
     assert run.info.run_id == run_id and run.info.status == "FINISHED"
     assert run.data.tags["opd.resumed_with_groups"] == str(len(complete))
-    assert run.data.metrics["summary/groups_written"] == 60
+    assert run.data.metrics["summary/groups_written"] == STEPS
     steps = sorted(m.step for m in client.get_metric_history(run_id, "reward/mean"))
-    assert steps[-1] == 60 and set(range(len(complete) + 1, 25)) <= set(steps)
+    assert steps[-1] == STEPS and set(range(len(complete) + 1, STEPS + 1)) <= set(steps)
 
 
 def test_ctrl_c_stops_cleanly_and_marks_the_run_killed(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:

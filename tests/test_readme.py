@@ -79,7 +79,10 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m experiments.bench compare --root DIR [--latency S] [--in-flight N] [--workers N,M] [--repeats 3]":
         ("help", "two checkouts' overhead benches side by side: minutes"),
     ".venv/bin/python -m pytest": ("pytest", "the suite collects"),
-    ".venv/bin/python -m pytest -m \"not vllm\"": ("pytest", "the subset collects"),
+    ".venv/bin/python -m pytest -m fast": ("pytest", "the tier collects, no heavy test in it"),
+    ".venv/bin/python -m pytest -m vllm": ("pytest", "the tier collects"),
+    ".venv/bin/python -m pytest -m \"ray or slurm or browser\"": ("pytest", "the tiers collect"),
+    ".venv/bin/python -m pytest -m slow": ("pytest", "the tier collects"),
     ".venv/bin/python -m opd.fixture.build --out /tmp/fixture": ("help", "training the fixture takes 8 minutes"),
     "scripts/lock.sh [cpu] [gpu]": ("syntax", "resolving the locks takes minutes and the registries"),
     "scripts/lock.sh": ("syntax", "as above"),
@@ -179,11 +182,24 @@ def test_tools_too_long_to_run_here_accept_what_the_readme_passes() -> None:
     assert (ROOT / "locks" / "gpu.txt").exists() and "OPD_INFERENCE" in (ROOT / "scripts/install.sh").read_text()
 
 
+def _collected(*args: str) -> set[str]:
+    """The test ids `pytest --collect-only ARGS` selects (failing the test if it cannot collect)."""
+    out = _python("-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return {line for line in out.stdout.splitlines() if "::" in line}
+
+
 @pytest.mark.slow
-def test_the_test_commands_collect_the_suite() -> None:
-    for args in (["-m", "pytest", "--collect-only", "-q"], ["-m", "pytest", "--collect-only", "-q", "-m", "not vllm"]):
-        out = _python(*args, timeout=600)
-        assert out.returncode == 0 and re.search(r"\d+(/\d+)? tests? collected|collected|selected", out.stdout), out.stdout[-2000:] + out.stderr[-2000:]
+def test_the_test_commands_collect_the_suite_and_the_fast_tier_holds_no_heavy_test() -> None:
+    tiers = {}
+    for command in (c for c, (kind, _) in CHECKS.items() if kind == "pytest"):
+        args = shlex.split(command.split("-m pytest", 1)[1])
+        tiers[tuple(args)] = _collected(*args)
+        assert tiers[tuple(args)], command
+    everything, fast = tiers[()], tiers[("-m", "fast")]
+    heavy = tiers[("-m", "vllm")] | tiers[("-m", "ray or slurm or browser")] | tiers[("-m", "slow")]
+    # Every test is in the fast tier or a heavy one, never both.
+    assert fast | heavy == everything and not fast & heavy, sorted(fast & heavy)[:10]
 
 
 # ---- fails: a command for another machine says so in one line, at once ----------------------------
