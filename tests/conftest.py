@@ -1,4 +1,5 @@
-"""Shared fixtures: the composed config tree, the fixture model, one real vLLM server per session."""
+"""Shared fixtures: the test tiers (`fast` unless marked heavy), the composed config tree, the fixture
+model, one real vLLM server per session."""
 
 from __future__ import annotations
 
@@ -20,6 +21,13 @@ CONF = ROOT / "conf"
 HEAVY_TIERS = ("vllm", "ray", "slurm", "browser", "slow")
 # A test that takes one of these fixtures is in its tier whether or not it says so.
 TIER_OF_FIXTURE = {"vllm_url": "vllm", "ray_address": "ray", "slurm": "slurm"}
+
+
+def one_fast(values: list, fast: tuple = ()) -> list:
+    """`values` as parameters, each but `fast` (default: the first) in the slow tier: the fast tier
+    runs the logic once, the whole suite runs it for every value."""
+    fast = fast or (values[0],)
+    return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, compose, sandbox_limits
+from conftest import ROOT, compose, one_fast, sandbox_limits
 from stalls import STALL_LIMIT_S, Stalls, measure
 from opd.rewards.coding import run_task_tests
 from opd.rewards.harness import run_tests, wire
@@ -125,6 +125,7 @@ def test_rollouts_run_as_different_uids_and_own_their_files() -> None:
         assert call(one_tools, "terminal", command="id -u").startswith(str(one.lease.uid))
 
 
+@pytest.mark.slow
 def test_process_groups_are_signalled_only_while_their_leader_is_unreaped(monkeypatch: pytest.MonkeyPatch) -> None:
     # A reaped leader's pid is free: another rollout's jail (a session leader) may hold it already.
     signalled: list[tuple[int, bool]] = []
@@ -152,6 +153,7 @@ def test_process_groups_are_signalled_only_while_their_leader_is_unreaped(monkey
 # ---- 2. no privileged walk over paths the code controls --------------------------------------
 
 
+@pytest.mark.slow
 def test_symlink_swaps_while_the_file_tools_run_never_reach_outside(tmp_path: Path) -> None:
     target = tmp_path / "root-only.txt"
     target.write_text("untouched")
@@ -216,7 +218,7 @@ FORGERIES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(FORGERIES))
+@pytest.mark.parametrize("name", one_fast(sorted(FORGERIES), ("writes_its_own_tests",)))
 def test_no_solution_can_forge_a_pass(name: str) -> None:
     with workspace() as (ws, tools):
         call(tools, "write_file", path="solution.py", content=FORGERIES[name])
@@ -248,7 +250,7 @@ STAR_FORGERIES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(STAR_FORGERIES))
+@pytest.mark.parametrize("name", one_fast(sorted(STAR_FORGERIES), ("replaces_a_helper_of_the_tests",)))
 def test_a_star_import_gives_the_tests_no_builtin_dunder_or_name_of_their_own(name: str) -> None:
     solution, tests = STAR_FORGERIES[name]
     outcome = asyncio.run(run_tests(solution, tests, LIMITS))
@@ -269,6 +271,7 @@ def test_the_tests_still_get_the_solutions_functions_by_star_or_by_name() -> Non
     assert asyncio.run(run_tests("__all__ = []\n" + GOOD, TESTS, LIMITS)).level == "pass"  # by name, whatever __all__ says
 
 
+@pytest.mark.slow
 def test_humaneval_helpers_come_from_the_prompt_not_from_the_solution() -> None:
     from opd.data.coding_tasks import humaneval_tasks
 
@@ -441,7 +444,7 @@ def test_files_under_paths_longer_than_path_max_count_against_the_quota(mounted:
         assert ws_mounted == (mounted and os.geteuid() == 0)
 
 
-@pytest.mark.parametrize("mounted", [True, False], ids=["tmpfs", "measured"])
+@pytest.mark.parametrize("mounted", [pytest.param(True, id="tmpfs"), pytest.param(False, id="measured", marks=pytest.mark.slow)])
 def test_many_files_never_stall_the_event_loop(mounted: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # Measuring and removing 150,000 files took ~0.4 s and ~1.2 s on the event loop (du and rm);
     # unmounting a tmpfs that holds them frees them on a thread.
@@ -986,6 +989,7 @@ SECRETS = {
 }
 
 
+@pytest.mark.slow
 def test_secrets_in_the_config_never_reach_mlflow(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
@@ -1041,6 +1045,7 @@ TYPED = [
 ]
 
 
+@pytest.mark.slow
 def test_secrets_typed_on_the_command_line_never_reach_mlflow(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
