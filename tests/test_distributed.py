@@ -361,8 +361,10 @@ def test_a_restarted_worker_takes_groups_again_and_none_left_ends_the_run(ray_ad
 def test_a_local_trainer_in_the_driver_sees_every_group_and_workers_record_its_versions(tmp_path: Path, scripted_url: str, ray_address: str,
                                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     _join(monkeypatch, ray_address)
-    # No weight refresh: the scripted server has no weights; the trainer steps all the same.
-    _launch(tmp_path, scripted_url, 12, ["trainer=local", "trainer.refresh=false", "trainer.batch_groups=2", "trainer.max_staleness=100"])
+    # No weight refresh: the scripted server has no weights; the trainer steps all the same, on
+    # groups it kept though the scripted answers score them all alike.
+    _launch(tmp_path, scripted_url, 12, ["trainer=local", "trainer.refresh=false", "trainer.batch_groups=2", "trainer.max_staleness=100",
+                                         "trainer.equal_score_groups=keep"])
     groups = _assert_one_valid_file(tmp_path / "run" / "groups.jsonl", 12)
     _, run = mlflow_run(tmp_path)
     assert run.info.status == "FINISHED"
