@@ -226,6 +226,7 @@ def test_no_solution_can_forge_a_pass(name: str) -> None:
     assert outcome.level in ("assertion", "crash"), (name, outcome)
 
 
+@pytest.mark.slow
 def test_correct_solutions_pass_however_much_they_print_and_however_long_they_are() -> None:
     loud = "print('x' * 5_000_000)\nimport sys\nsys.stderr.write('y' * 5_000_000)\n" + GOOD
     long = GOOD + "# padding\n" * 5000  # 55,000 characters: over env.max_file_chars, under reward.max_solution_chars
@@ -265,6 +266,7 @@ def test_a_library_module_that_exits_on_import_is_a_crash_not_the_tests_verdict(
     assert outcome.level == "crash" and "importing the solution's names exited" in outcome.detail, outcome
 
 
+@pytest.mark.slow
 def test_the_tests_still_get_the_solutions_functions_by_star_or_by_name() -> None:
     star = "from solution import *\nassert add_3(1) == 4 and LIMIT == 7\n"
     assert asyncio.run(run_tests(GOOD + "LIMIT = 7\n", star, LIMITS)).level == "pass"
@@ -581,7 +583,7 @@ TERMINAL_STOPS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(TERMINAL_STOPS))
+@pytest.mark.parametrize("name", one_fast(sorted(TERMINAL_STOPS), ("abort",)))
 def test_the_terminal_names_what_stopped_a_command(name: str) -> None:
     command, limits, words = TERMINAL_STOPS[name]
     with workspace(limits) as (_, tools):

@@ -189,6 +189,7 @@ def test_hinted_turn_carries_teacher_rows_on_its_own_tokens(make_env, tokenizer)
     assert metrics["opd/teacher_minus_student_lp"] == pytest.approx(-0.1 + 0.5)
 
 
+@pytest.mark.slow
 def test_judge_and_scoring_failures_are_counted_and_the_group_stays_valid(make_env, caplog) -> None:
     env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."])
     env.script.judge_fails = True
@@ -219,6 +220,7 @@ def test_opd_disabled_writes_plain_records(make_env) -> None:
     assert "distill_token_ids" not in group and env.client.chats == []
 
 
+@pytest.mark.slow
 def test_reference_defaults_clamp_show_tests_and_any_positive_vote(make_env) -> None:
     """The reference's choices, each one override away from ours: the score clamped to [0, 1],
     the task's tests in the prompt, a hint when any vote is positive."""
@@ -233,6 +235,7 @@ def test_reference_defaults_clamp_show_tests_and_any_positive_vote(make_env) -> 
     assert validate(compose(["env=opd_coding", "model=qwen3"])).env.show_tests is True
 
 
+@pytest.mark.slow
 def test_a_failed_vote_request_is_retried_one_vote_at_a_time(make_env) -> None:
     """The n-vote request fails: each vote is asked alone; the one that fails again counts as
     unparseable and the others still decide (as the reference, which asks one vote per request)."""
