@@ -3,9 +3,11 @@ model, one real vLLM server per session."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -90,8 +92,8 @@ def untied_fixture(fixture_model: str, tmp_path_factory: pytest.TempPathFactory)
     return str(untied_copy(fixture_model, tmp_path_factory.mktemp("untied") / "fixture"))
 
 
-def _vllm_server(fixture_model: str, weights: str, workdir: Path) -> Iterator[str]:
-    """A real vLLM OpenAI server on the fixture model (top-20 logprobs), stopped afterwards."""
+def _vllm_server(fixture_model: str, weights: str, workdir: Path):
+    """A real vLLM OpenAI server on the fixture model (top-20 logprobs), not yet started."""
     from dataclasses import replace
 
     from opd.build import whole_prefill_args
@@ -102,12 +104,31 @@ def _vllm_server(fixture_model: str, weights: str, workdir: Path) -> Iterator[st
     settings = validate(compose(["distill_topk=20", "server.startup_timeout_s=300", "+server.environment.VLLM_SERVER_DEV_MODE='1'"])).server
     # Tests evaluate with seeds, which vLLM's CPU build survives only with whole prefills.
     settings = replace(settings, extra_args=[*settings.extra_args, *whole_prefill_args(settings)])
-    with LocalVLLM(settings, fixture_model, workdir, weights=weights) as server:
-        yield server.base_url
+    return LocalVLLM(settings, fixture_model, workdir, weights=weights)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _vllm_started_ahead(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Future | None]:
+    """When the session has tests that need the vLLM server, it starts (in a thread) with the
+    session's first test, so that its start-up overlaps the tests before the first of them; stopped
+    at the session's end. None when no test needs it."""
+    if not any("vllm_url" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        yield None
+        return
+    server = _vllm_server(request.getfixturevalue("fixture_model"), request.getfixturevalue("untied_fixture"), tmp_path_factory.mktemp("vllm"))
+    pool = ThreadPoolExecutor(max_workers=1)
+    started = pool.submit(server.start)
+    try:
+        yield started
+    finally:
+        with contextlib.suppress(Exception):  # a failed start has stopped itself; the tests said so
+            started.result()
+        server.stop()
+        pool.shutdown()
 
 
 @pytest.fixture(scope="session")
-def vllm_url(fixture_model: str, untied_fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm_url(_vllm_started_ahead: Future | None) -> str:
     """A real vLLM server, started once for the whole session."""
-    yield from _vllm_server(fixture_model, untied_fixture, tmp_path_factory.mktemp("vllm"))
-
+    assert _vllm_started_ahead is not None, "the session's item list named no test that takes vllm_url"
+    return _vllm_started_ahead.result()
