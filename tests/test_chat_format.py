@@ -184,7 +184,8 @@ def _write(fmt: ChatFormat, family: str, content: str) -> str:
     return text.removesuffix("</s>").removesuffix("<|eot_id|>")  # an end-of-turn token: the server adds it
 
 
-@pytest.mark.parametrize("family", one_fast(FAMILY_NAMES, ("qwen3",)))
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_agent_turns_keep_exact_tokens_in_each_format(families, family: str) -> None:
     directory, tokenizer, fmt = families[family]
     think = {"qwen3": "<think>\nPlan.\n</think>\n\n", "deepseek_r1_distill": "Plan.\n</think>\n\n",
@@ -375,7 +376,8 @@ def _prompt_rows(ids: list[int], k: int):
     return PromptScores(top_ids, top_lps, actual)
 
 
-@pytest.mark.parametrize("family", one_fast(FAMILY_NAMES, ("qwen3",)))
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_opd_scores_the_exact_sampled_ids_in_each_format(families, family: str) -> None:
     """A turn with a next state is judged; the hinted teacher's prompt is the template's rendering
     of the context with the hint, followed by exactly the ids the student sampled in that turn;

@@ -251,13 +251,15 @@ STAR_FORGERIES = {
 }
 
 
-@pytest.mark.parametrize("name", one_fast(sorted(STAR_FORGERIES), ("replaces_a_helper_of_the_tests",)))
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(STAR_FORGERIES))
 def test_a_star_import_gives_the_tests_no_builtin_dunder_or_name_of_their_own(name: str) -> None:
     solution, tests = STAR_FORGERIES[name]
     outcome = asyncio.run(run_tests(solution, tests, LIMITS))
     assert outcome.level == "assertion", (name, outcome)
 
 
+@pytest.mark.slow
 def test_a_library_module_that_exits_on_import_is_a_crash_not_the_tests_verdict() -> None:
     """The solution names a module the tests' side imports for its names; one that raises
     SystemExit there (exit 0 would read as the tests finishing) is reported as what it is."""
@@ -286,6 +288,7 @@ def test_humaneval_helpers_come_from_the_prompt_not_from_the_solution() -> None:
     assert asyncio.run(run_tests(task["solution"], task["test_code"], LIMITS)).level == "pass"
 
 
+@pytest.mark.slow
 def test_integers_of_any_size_cross_the_harness() -> None:
     solution = "def power_of_two(n):\n    return 2 ** n\ndef bits(n):\n    return n.bit_length()\n"
     tests = "from solution import power_of_two, bits\nassert power_of_two(20000) == 2 ** 20000\nassert bits(-10 ** 5000) == (10 ** 5000).bit_length()\n"

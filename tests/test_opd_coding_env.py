@@ -129,6 +129,7 @@ def test_own_trivial_test_file_earns_no_correctness(make_env) -> None:
     assert group["scores"][0] < 0.7
 
 
+@pytest.mark.slow
 def test_solution_that_exits_early_does_not_pass(make_env) -> None:
     env = make_env([call("write_file", path="solution.py", content="import os\nos._exit(0)\n"), "Done."])
     group = collect(env)
@@ -214,6 +215,7 @@ def test_k_above_the_server_limit_fails_before_generation(make_env) -> None:
         asyncio.run(env.setup())
 
 
+@pytest.mark.slow
 def test_opd_disabled_writes_plain_records(make_env) -> None:
     env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."], ["env.opd.enabled=false"])
     group = collect(env)
@@ -266,6 +268,7 @@ def test_a_failed_vote_request_is_retried_one_vote_at_a_time(make_env) -> None:
     assert asked == [3, 3]
 
 
+@pytest.mark.slow
 def test_votes_sent_alone_fail_alone_and_all_failing_fails_the_judging(make_env) -> None:
     """votes_in_one_request=false (the reference): one failed vote is an unparseable vote; when
     every vote of a pair fails, that pair's judging fails and is counted."""

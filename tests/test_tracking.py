@@ -61,6 +61,7 @@ def test_the_uri_alone_decides_where_artifacts_go(tmp_path: Path) -> None:
     assert artifact_location("postgresql://user@db/mlflow", "s3://bucket/runs") == "s3://bucket/runs"
 
 
+@pytest.mark.slow
 def test_a_run_on_another_sqlite_file_keeps_its_artifacts_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
@@ -79,6 +80,7 @@ def test_a_run_on_another_sqlite_file_keeps_its_artifacts_beside_it(tmp_path: Pa
     assert not (tmp_path / "cwd" / "outputs").exists() and not (tmp_path / "cwd" / "mlruns").exists()
 
 
+@pytest.mark.slow
 def test_an_explicit_artifact_root_still_wins(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with open_run(_tracking(f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path / 'chosen'}"), tmp_path, {}, _info()):
@@ -145,6 +147,7 @@ def test_nothing_is_sent_before_begin_and_everything_after(tmp_path: Path) -> No
     assert (tmp_path / "mlflow_run.json").exists() and not (tmp_path / "mlflow_process.pid").exists()  # ended: nothing to wait for
 
 
+@pytest.mark.slow
 def test_the_mlflow_run_keeps_the_runs_own_times_however_late_mlflow_opens_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The run started 30 s before it opened its MLflow run, logged two steps 1.5 s apart while
     MLflow was not even imported, and ended: the UI shows those times, not the tracking process's."""
@@ -201,6 +204,7 @@ def test_resume_does_not_wait_for_a_pid_that_is_no_longer_the_tracking_process(t
         assert time.monotonic() - started < 5
 
 
+@pytest.mark.slow
 def test_a_failing_block_ends_failed_and_ctrl_c_ends_killed(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with pytest.raises(ValueError):
@@ -215,6 +219,7 @@ def test_a_failing_block_ends_failed_and_ctrl_c_ends_killed(tmp_path: Path) -> N
     assert {r.info.run_name: r.info.status for r in runs} == {"failing": "FAILED", "killed": "KILLED"}
 
 
+@pytest.mark.slow
 def test_a_store_that_fails_after_the_check_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")  # the tracking process's directory too
@@ -241,6 +246,7 @@ def test_a_failed_call_fails_the_run_at_its_next_call(tmp_path: Path) -> None:
     assert run.info.status == "FAILED"
 
 
+@pytest.mark.slow
 def test_a_call_after_the_tracking_process_died_fails_at_once(tmp_path: Path) -> None:
     # Slurm's signals reach every process of a job: the tracking process may be gone before the
     # run's last calls (the sinks' uploads on the way out). Those must fail, not wait forever.
@@ -300,6 +306,7 @@ def test_a_call_cut_off_by_the_runs_death_ends_the_session_as_killed() -> None:
     assert serve(io.BytesIO(b""), None) is False
 
 
+@pytest.mark.slow
 def test_a_killed_runs_tracking_process_still_records_the_run_for_resume(tmp_path: Path) -> None:
     from opd.tracking.run import previous_run_id
 
