@@ -449,7 +449,8 @@ def test_files_under_paths_longer_than_path_max_count_against_the_quota(mounted:
         assert ws_mounted == (mounted and os.geteuid() == 0)
 
 
-@pytest.mark.parametrize("mounted", [pytest.param(True, id="tmpfs"), pytest.param(False, id="measured", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("mounted", [True, False], ids=["tmpfs", "measured"])
 def test_many_files_never_stall_the_event_loop(mounted: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # Measuring and removing 150,000 files took ~0.4 s and ~1.2 s on the event loop (du and rm);
     # unmounting a tmpfs that holds them frees them on a thread.
@@ -630,6 +631,7 @@ def _tool_stalls(capsys: pytest.CaptureFixture, name: str, stalls: Stalls) -> No
     assert stalls.cpu_s < STALL_LIMIT_S, stalls.report(name)
 
 
+@pytest.mark.slow
 def test_the_calculator_never_holds_the_event_loop(capsys: pytest.CaptureFixture) -> None:
     tools = Toolbox(math_tools.TOOLS, math_tools.MathTools(CalculatorLimits(), LIMITS))
     stalls = Stalls()

@@ -339,6 +339,7 @@ def test_joblib_sweep_in_separate_processes_fails_the_parent_when_a_job_fails(tm
     assert (sweep_dir / "0" / "groups.jsonl").exists() and (sweep_dir / "2" / "groups.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_tracking_cannot_work_stops_before_any_job(tmp_path: Path, fixture_model: str) -> None:
     # Hydra only warns when a callback raises and would run every job unlogged: the sweep stops first, in one line.
     proc, sweep_dir, _ = _sweep(tmp_path, fixture_model, "http://127.0.0.1:9/v1", ["env=inline_math", "seed=0,1", "tracking.uri=bogus-scheme://nowhere"])

@@ -237,6 +237,7 @@ def test_a_store_that_fails_after_the_check_fails_the_run(tmp_path: Path, monkey
     assert client.search_runs(["0"]) == [] and not (tmp_path / "cwd" / "mlruns").exists()
 
 
+@pytest.mark.slow
 def test_a_failed_call_fails_the_run_at_its_next_call(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with pytest.raises(TrackingFailed, match="log_artifact"):
