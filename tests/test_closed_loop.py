@@ -17,7 +17,8 @@ from helpers import launch
 from opd.config import validate
 from opd.records import read_groups
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# Every test here but the trainer sink's bookkeeping takes `vllm_url`, which puts it in the vllm
+# tier (tests/conftest.py); that one is fast.
 torch = pytest.importorskip("torch")
 
 
