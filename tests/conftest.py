@@ -1,8 +1,13 @@
-"""Shared fixtures: the composed config tree, the fixture model, one real vLLM server per session."""
+"""Shared fixtures: the test tiers (`fast` unless marked heavy), the composed config tree, the fixture
+model, one real vLLM server per session."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import functools
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -14,21 +19,53 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 
+# The tiers beside `fast` (pyproject.toml registers them): a test in none of them is `fast`.
+HEAVY_TIERS = ("vllm", "ray", "slurm", "browser", "slow")
+# A test that takes one of these fixtures is in its tier whether or not it says so.
+TIER_OF_FIXTURE = {"vllm_url": "vllm", "ray_address": "ray", "slurm": "slurm"}
+
+
+def one_fast(values: list, fast: tuple = ()) -> list:
+    """`values` as parameters, each but `fast` (default: the first) in the slow tier: the fast tier
+    runs the logic once, the whole suite runs it for every value."""
+    fast = fast or (values[0],)
+    return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with the tier of the fixtures it needs, and `fast` when it is in no heavy tier."""
+    for item in items:
+        for fixture in TIER_OF_FIXTURE.keys() & set(getattr(item, "fixturenames", ())):
+            item.add_marker(TIER_OF_FIXTURE[fixture])
+        if not any(item.get_closest_marker(tier) for tier in HEAVY_TIERS):
+            item.add_marker("fast")
+
 
 def compose(overrides: list[str] | None = None):
-    """The real config tree composed like the launcher does (output_dir filled in)."""
+    """The real config tree composed like the launcher does (output_dir filled in): a copy of its
+    own, composed once a session for the same overrides (Hydra takes ~0.2 s of CPU a compose)."""
+    return copy.deepcopy(_composed(("output_dir=/tmp/opd-test-unused", *(overrides or []))))
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(overrides: tuple[str, ...]):
     from opd.config import compose as compose_config
 
-    return compose_config(["output_dir=/tmp/opd-test-unused", *(overrides or [])])
+    return compose_config(list(overrides))
 
 
 def sandbox_limits(**changes):
     """The configured sandbox limits (conf/sandbox/default.yaml) with `changes`."""
     from dataclasses import replace
 
+    return replace(_default_sandbox(), **changes)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_sandbox():
     from opd.config import validate
 
-    return replace(validate(compose()).env.sandbox, **changes)
+    return validate(compose()).env.sandbox
 
 
 @pytest.fixture(scope="session")
@@ -55,8 +92,8 @@ def untied_fixture(fixture_model: str, tmp_path_factory: pytest.TempPathFactory)
     return str(untied_copy(fixture_model, tmp_path_factory.mktemp("untied") / "fixture"))
 
 
-def _vllm_server(fixture_model: str, weights: str, workdir: Path) -> Iterator[str]:
-    """A real vLLM OpenAI server on the fixture model (top-20 logprobs), stopped afterwards."""
+def _vllm_server(fixture_model: str, weights: str, workdir: Path):
+    """A real vLLM OpenAI server on the fixture model (top-20 logprobs), not yet started."""
     from dataclasses import replace
 
     from opd.build import whole_prefill_args
@@ -67,17 +104,31 @@ def _vllm_server(fixture_model: str, weights: str, workdir: Path) -> Iterator[st
     settings = validate(compose(["distill_topk=20", "server.startup_timeout_s=300", "+server.environment.VLLM_SERVER_DEV_MODE='1'"])).server
     # Tests evaluate with seeds, which vLLM's CPU build survives only with whole prefills.
     settings = replace(settings, extra_args=[*settings.extra_args, *whole_prefill_args(settings)])
-    with LocalVLLM(settings, fixture_model, workdir, weights=weights) as server:
-        yield server.base_url
+    return LocalVLLM(settings, fixture_model, workdir, weights=weights)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _vllm_started_ahead(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Future | None]:
+    """When the session has tests that need the vLLM server, it starts (in a thread) with the
+    session's first test, so that its start-up overlaps the tests before the first of them; stopped
+    at the session's end. None when no test needs it."""
+    if not any("vllm_url" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        yield None
+        return
+    server = _vllm_server(request.getfixturevalue("fixture_model"), request.getfixturevalue("untied_fixture"), tmp_path_factory.mktemp("vllm"))
+    pool = ThreadPoolExecutor(max_workers=1)
+    started = pool.submit(server.start)
+    try:
+        yield started
+    finally:
+        with contextlib.suppress(Exception):  # a failed start has stopped itself; the tests said so
+            started.result()
+        server.stop()
+        pool.shutdown()
 
 
 @pytest.fixture(scope="session")
-def vllm_url(fixture_model: str, untied_fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def vllm_url(_vllm_started_ahead: Future | None) -> str:
     """A real vLLM server, started once for the whole session."""
-    yield from _vllm_server(fixture_model, untied_fixture, tmp_path_factory.mktemp("vllm"))
-
-
-@pytest.fixture(scope="session")
-def vllm_url_2(fixture_model: str, untied_fixture: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A second real vLLM server (multi-server balancing)."""
-    yield from _vllm_server(fixture_model, untied_fixture, tmp_path_factory.mktemp("vllm2"))
+    assert _vllm_started_ahead is not None, "the session's item list named no test that takes vllm_url"
+    return _vllm_started_ahead.result()

@@ -37,6 +37,7 @@ def test_atroposlib_config_starts_from_our_defaults_and_reads_back_as_overrides(
     assert cfg.server.max_model_len == ours.server.max_model_len  # atroposlib's max_token_length, which defaulted to ours
 
 
+@pytest.mark.slow
 def test_atroposlib_process_command_writes_our_groups(tmp_path, fixture_model: str) -> None:
     from experiments.bench import scripted_server
 

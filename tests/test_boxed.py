@@ -61,10 +61,10 @@ def test_numeric_filter_admits_only_plain_numbers(answer: str, numeric: bool) ->
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("\\boxed{}</think> 12")), max_size=2000))
 def test_extraction_never_raises_and_is_fast(text: str) -> None:
-    started = time.monotonic()
+    started = time.thread_time()  # CPU time: what the extraction computed, not the machine's load
     final_answer(text)
     boxed_contents(text)
-    assert time.monotonic() - started < 0.5
+    assert time.thread_time() - started < 0.5
 
 
 def test_a_hostile_answer_times_out_in_its_worker_without_stalling_the_run() -> None:
@@ -96,7 +96,9 @@ def test_a_hostile_answer_times_out_in_its_worker_without_stalling_the_run() -> 
         verifier.close()
     assert hostile is None and verifier.timeouts == 1  # not verified, counted
     assert ("9^{9^{9^{9}}}", "7") not in verifier._cache  # a timeout is never cached
-    assert longest_stall < 0.25  # the event loop went on meanwhile
+    # The event loop went on meanwhile: a loop held for the check would stall for its whole 1 s
+    # timeout; a wall gap (a blocked wait uses no CPU) with room for a loaded machine's scheduling.
+    assert longest_stall < 0.75
     assert after is True  # a fresh worker took over
 
 

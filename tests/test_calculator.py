@@ -48,10 +48,10 @@ def test_evaluates_arithmetic(expr: str, value: object) -> None:
     ],
 )
 def test_refuses_hostile_or_invalid_input_fast(expr: str) -> None:
-    started = time.monotonic()
+    started = time.thread_time()  # CPU time: what the refusal computed, not the machine's load
     with pytest.raises(CalculatorError):
         evaluate(expr)
-    assert time.monotonic() - started < 0.5
+    assert time.thread_time() - started < 0.5
 
 
 @settings(max_examples=300, deadline=None)

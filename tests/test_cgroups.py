@@ -43,6 +43,7 @@ def test_forked_children_share_the_calls_memory_limit() -> None:
     assert roomy.stdout.startswith("4 children"), roomy
 
 
+@pytest.mark.slow
 def test_a_call_without_a_leased_uid_still_has_a_process_limit() -> None:
     """uid None (a launcher that is not root runs every call as itself): RLIMIT_NPROC cannot be
     the call's own, the group's pids.max is."""

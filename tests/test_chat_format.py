@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose
+from conftest import compose, one_fast
 from family_tokenizers import R1_STOCK
 from opd.fixture.families import tokenizer_dir
 from opd.serving.tokenizer import load_tokenizer
@@ -184,6 +184,7 @@ def _write(fmt: ChatFormat, family: str, content: str) -> str:
     return text.removesuffix("</s>").removesuffix("<|eot_id|>")  # an end-of-turn token: the server adds it
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_agent_turns_keep_exact_tokens_in_each_format(families, family: str) -> None:
     directory, tokenizer, fmt = families[family]
@@ -267,7 +268,7 @@ HARMONY_ANSWER = "<|channel|>analysis<|message|>The tool gives 5.<|end|><|start|
 ANSWER = "The tool gives 5.\n</think>\n\nThe answer is \\boxed{5}."
 
 
-@pytest.mark.parametrize("family", FAMILY_NAMES)
+@pytest.mark.parametrize("family", one_fast(FAMILY_NAMES, ("qwen3",)))
 def test_inline_math_runs_calls_in_each_format(families, family: str) -> None:
     _, tokenizer, fmt = families[family]
     call, bad = INLINE[family]
@@ -375,6 +376,7 @@ def _prompt_rows(ids: list[int], k: int):
     return PromptScores(top_ids, top_lps, actual)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_opd_scores_the_exact_sampled_ids_in_each_format(families, family: str) -> None:
     """A turn with a next state is judged; the hinted teacher's prompt is the template's rendering

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from conftest import compose
+from helpers import launch
 from opd.config import validate
 from opd.records import read_groups
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# Every test here but the trainer sink's bookkeeping takes `vllm_url`, which puts it in the vllm
+# tier (tests/conftest.py); that one is fast.
 torch = pytest.importorskip("torch")
 
 
@@ -55,15 +57,6 @@ def _perturb_every_tensor(model, scale: float = 0.3, seed: int = 0) -> list[str]
     return changed
 
 
-def _launch(tmp_path: Path, fixture_model: str, url: str, overrides: list[str]) -> float:
-    from experiments.launch import launch
-
-    return launch(compose([
-        "server=vllm", f"server.model={fixture_model}", f"server.base_urls=[{url}]", f"output_dir={tmp_path / 'run'}",
-        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"tracking.artifact_root={tmp_path / 'mlruns'}", "runner.progress=false", *overrides,
-    ]))
-
-
 def _hf_logprobs(model, tokens: list[int]) -> list[float]:
     from opd.train.losses import token_logprobs
 
@@ -75,7 +68,7 @@ def _hf_logprobs(model, tokens: list[int]) -> list[float]:
 def test_records_line_up_with_an_hf_forward_pass_of_the_generating_weights(tmp_path, fixture_model, vllm_url) -> None:
     from transformers import AutoModelForCausalLM
 
-    _launch(tmp_path, fixture_model, vllm_url, ["env=inline_math", "total_steps=2", "group_size=4", "tracking.enabled=false"])
+    launch(tmp_path, fixture_model, vllm_url, ["env=inline_math", "total_steps=2", "group_size=4", "tracking.enabled=false"])
     model = AutoModelForCausalLM.from_pretrained(fixture_model, dtype=torch.float32)
     diffs, shifted = [], []
     for group in read_groups(tmp_path / "run" / "groups.jsonl"):
@@ -154,7 +147,7 @@ def test_a_server_that_keeps_its_old_output_layer_fails_the_refresh_check(tmp_pa
 def test_a_short_closed_loop_trains_refreshes_and_evaluates_in_one_run(tmp_path, fixture_model, vllm_url, restores_the_fixture_weights) -> None:
     import mlflow
 
-    objective = _launch(tmp_path, fixture_model, vllm_url, [
+    objective = launch(tmp_path, fixture_model, vllm_url, [
         "env=inline_math", "trainer=local", "trainer.batch_groups=2", "total_steps=4", "group_size=4",
         "eval.every=2", "eval.max_items=6", "eval.samples_per_item=2", "runner.groups_in_flight=2",
         "trainer.equal_score_groups=keep",  # a step per batch, even of groups the fixture scores all the same
@@ -242,7 +235,7 @@ def test_two_evaluations_of_the_same_weights_give_the_same_per_item_results(tmp_
     # random stream is the evaluation's, not the server's: the same weights give the same rows.
     rows = []
     for name in ("first", "second"):
-        _launch(tmp_path / name, fixture_model, vllm_url, ["env=inline_math", "mode=evaluate", "eval.max_items=10", "eval.samples_per_item=4",
+        launch(tmp_path / name, fixture_model, vllm_url, ["env=inline_math", "mode=evaluate", "eval.max_items=10", "eval.samples_per_item=4",
                                                            "tracking.enabled=false", "dataset.kinds=[digit_count,parity]"])
         rows.append((tmp_path / name / "run" / "eval" / "step_000000.jsonl").read_text())
     assert rows[0] == rows[1]
@@ -250,7 +243,7 @@ def test_two_evaluations_of_the_same_weights_give_the_same_per_item_results(tmp_
     # Unseeded, the same two evaluations draw different streams (what the seed removes).
     unseeded = []
     for name in ("third", "fourth"):
-        _launch(tmp_path / name, fixture_model, vllm_url, ["env=inline_math", "mode=evaluate", "eval.max_items=10", "eval.samples_per_item=4",
+        launch(tmp_path / name, fixture_model, vllm_url, ["env=inline_math", "mode=evaluate", "eval.max_items=10", "eval.samples_per_item=4",
                                                            "tracking.enabled=false", "dataset.kinds=[digit_count,parity]", "eval.seed=null"])
         unseeded.append((tmp_path / name / "run" / "eval" / "step_000000.jsonl").read_text())
     assert unseeded[0] != unseeded[1] or unseeded[0] != rows[0]

@@ -7,7 +7,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import open_dict, read_write
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from conftest import CONF, compose
+from conftest import CONF, compose, one_fast
 from opd.config import ConfigError, InlineMathEnvConfig, InlineMathRewardConfig, validate
 
 
@@ -277,7 +277,7 @@ def test_bad_runs_fail_with_one_clear_message_before_any_server_starts(tmp_path,
 PRESETS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", one_fast(PRESETS, ("fixture", "qwen3")))
 @pytest.mark.parametrize("env", ["inline_math", "opd_coding"])
 def test_every_model_preset_composes_with_both_envs_and_both_servers(preset: str, env: str) -> None:
     cfg = validate(compose([f"model={preset}", f"env={env}", "server.model=/models/mine"]))

@@ -130,6 +130,7 @@ def run_all(cases: list[tuple[dict, str]], at_once: int = 4) -> list[str]:
     return asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_builtin_coding_tasks_are_solvable_and_their_tests_bite() -> None:
     from opd.data.coding_sets import load_coding
 

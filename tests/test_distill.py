@@ -13,7 +13,8 @@ from opd.distill.judge import choose_hint, decide
 from opd.distill.judge_prompt import Vote, parse_vote
 from opd.distill.teacher import with_hint
 from opd.distill.turn_pairs import turn_pairs
-from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, MASKED_LOGPROB, Sequence, check_group
+from helpers import make_group, sequence
+from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, Sequence, check_group
 
 
 @pytest.mark.parametrize(
@@ -120,11 +121,7 @@ def test_turn_pairs_include_tool_call_only_turns_and_join_all_tool_results() -> 
 
 
 def distill_group(rows: list[list[int]], lps: list[list[float]]) -> dict:
-    return {
-        "tokens": [[5, 6, 7]], "masks": [[MASK, 6, 7]], "scores": [0.5],
-        "inference_logprobs": [[MASKED_LOGPROB, -0.2, -0.3]],
-        "distill_token_ids": [rows], "distill_logprobs": [lps],
-    }
+    return make_group([sequence([5], [6, 7], [-0.2, -0.3])], [0.5], distill_token_ids=[rows], distill_logprobs=[lps])
 
 
 PAD_IDS, PAD_LPS = [DISTILL_PAD_ID] * 2, [DISTILL_PAD_LOGPROB] * 2

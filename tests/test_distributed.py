@@ -21,6 +21,7 @@ import pytest
 from procs import cmdline, descendants
 
 from conftest import ROOT, compose
+from helpers import launch, launch_process, lines, mlflow_run, run_args
 from opd.config import ConfigError, validate
 from opd.distributed.worker import slot_share
 from opd.records import check_group, read_groups
@@ -79,12 +80,10 @@ def scripted_url() -> Iterator[str]:
         yield url
 
 
-def _args(tmp_path: Path, url: str, steps: int, extra: list[str] = ()) -> list[str]:
-    return [
-        "env=inline_math", "server=vllm", f"server.model={FIXTURE}", f"server.base_urls=[{url}]", "server.max_requests_in_flight=8",
-        "group_size=2", f"total_steps={steps}", "runner.workers=2", "runner.ray.cpus_per_worker=0.5", "runner.progress=false",
-        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"tracking.artifact_root={tmp_path / 'mlruns'}", *extra,
-    ]
+def _args(steps: int, extra: list[str] = ()) -> list[str]:
+    """Two workers on the cluster, `steps` groups of 2 (after `helpers.run_args`)."""
+    return ["env=inline_math", "server.max_requests_in_flight=8", "group_size=2", f"total_steps={steps}", "runner.workers=2",
+            "runner.ray.cpus_per_worker=0.5", *extra]
 
 
 def _join(monkeypatch: pytest.MonkeyPatch, address: str) -> None:
@@ -95,17 +94,7 @@ def _join(monkeypatch: pytest.MonkeyPatch, address: str) -> None:
 
 
 def _launch(tmp_path: Path, url: str, steps: int, extra: list[str] = ()) -> float:
-    from experiments.launch import launch
-
-    return launch(compose([*_args(tmp_path, url, steps, extra), f"output_dir={tmp_path / 'run'}"]))
-
-
-def _run(tmp_path: Path):
-    import mlflow
-
-    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("inline_math").experiment_id])
-    return client, run
+    return launch(tmp_path, FIXTURE, url, _args(steps, extra))
 
 
 def _assert_one_valid_file(path: Path, steps: int) -> list[dict]:
@@ -124,11 +113,6 @@ def _env_workers(root: int) -> list[int]:
     return [pid for pid in descendants(root) if cmdline(pid).startswith("ray::EnvWorker")]
 
 
-def _lines(path: Path) -> int:
-    return path.read_bytes().count(b"\n") if path.exists() else 0
-
-
-@pytest.mark.slow
 def test_every_group_waiting_for_a_worker_wakes_when_one_comes_back() -> None:
     """Groups wait while every worker restarts; one worker given up wakes them (they wait again),
     then the other coming back must reach each of them (a waiter once dropped another's event
@@ -159,7 +143,7 @@ def test_two_workers_write_one_valid_file_and_one_mlflow_run(tmp_path: Path, scr
     _join(monkeypatch, ray_address)
     _launch(tmp_path, scripted_url, 16)
     _assert_one_valid_file(tmp_path / "run" / "groups.jsonl", 16)
-    client, run = _run(tmp_path)
+    client, run = mlflow_run(tmp_path)
     metrics = run.data.metrics
     assert run.info.status == "FINISHED"
     assert metrics["summary/groups_written"] == 16 and metrics["summary/workers"] == 2
@@ -170,7 +154,7 @@ def test_two_workers_write_one_valid_file_and_one_mlflow_run(tmp_path: Path, scr
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")) == list(range(1, 17))
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_a_killed_worker_loses_only_its_groups_in_flight(tmp_path: Path, scripted_url: str, ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _join(monkeypatch, ray_address)
     groups_path = tmp_path / "run" / "groups.jsonl"
@@ -178,7 +162,7 @@ def test_a_killed_worker_loses_only_its_groups_in_flight(tmp_path: Path, scripte
 
     def kill_one() -> None:
         deadline = time.monotonic() + 300
-        while _lines(groups_path) < 4 and time.monotonic() < deadline:
+        while lines(groups_path) < 4 and time.monotonic() < deadline:
             time.sleep(0.02)
         workers = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if cmdline(pid).startswith("ray::EnvWorker") and _in_test_cluster(pid)]
         if workers:
@@ -191,7 +175,7 @@ def test_a_killed_worker_loses_only_its_groups_in_flight(tmp_path: Path, scripte
     thread.join()
     assert killed, "no worker to kill was found"
     _assert_one_valid_file(groups_path, 40)
-    _, run = _run(tmp_path)
+    _, run = mlflow_run(tmp_path)
     metrics = run.data.metrics
     assert run.info.status == "FINISHED"
     assert metrics["summary/workers_lost"] == 1
@@ -213,11 +197,10 @@ def _in_test_cluster(pid: int) -> bool:
 def _subprocess_launch(tmp_path: Path, url: str, steps: int, extra: list[str]) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)  # a local cluster of the run's own
-    cmd = [sys.executable, "-m", "experiments.launch", *_args(tmp_path, url, steps, extra), f"hydra.run.dir={tmp_path / 'run'}"]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr.log").open("a"))
+    return launch_process(tmp_path, FIXTURE, url, _args(steps, extra), env=env)
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_resume_after_the_driver_is_killed_takes_its_ray_cluster_down(tmp_path: Path, scripted_url: str) -> None:
     import glob
     import shutil
@@ -236,7 +219,7 @@ def _kill_driver_and_resume(tmp_path: Path, scripted_url: str, drivers: list[int
     proc = _subprocess_launch(tmp_path, scripted_url, 24, ["server.max_requests_in_flight=4", "runner.ray.max_restarts=0"])
     drivers.append(proc.pid)
     deadline = time.monotonic() + 600
-    while _lines(groups_path) < 3:
+    while lines(groups_path) < 3:
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()[-3000:]
         time.sleep(0.02)
     workers = _env_workers(proc.pid)
@@ -251,21 +234,21 @@ def _kill_driver_and_resume(tmp_path: Path, scripted_url: str, drivers: list[int
     data = groups_path.read_bytes()
     complete = data[: data.rfind(b"\n") + 1].decode().splitlines()
     assert 3 <= len(complete) < 24
-    client, run = _run(tmp_path)
+    client, run = mlflow_run(tmp_path)
     run_id = run.info.run_id
 
     proc = _subprocess_launch(tmp_path, scripted_url, 24, ["server.max_requests_in_flight=4", "resume=true"])
     assert proc.wait(timeout=900) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
     groups = _assert_one_valid_file(groups_path, 24)
     assert [json.loads(line) for line in complete] == groups[: len(complete)]  # kept as they were
-    client, run = _run(tmp_path)
+    client, run = mlflow_run(tmp_path)
     assert run.info.run_id == run_id and run.info.status == "FINISHED"
     assert run.data.metrics["summary/groups_written"] == 24 and run.data.metrics["summary/workers"] == 2
 
 
 @pytest.mark.slow
 def test_one_worker_runs_without_ray(tmp_path: Path, scripted_url: str) -> None:
-    overrides = [*_args(tmp_path, scripted_url, 4, ["runner.workers=1"]), f"output_dir={tmp_path / 'run'}"]
+    overrides = [*run_args(tmp_path, FIXTURE, scripted_url), *_args(4, ["runner.workers=1"]), f"output_dir={tmp_path / 'run'}"]
     code = (
         "import sys\n"
         "sys.path.insert(0, 'tests')\n"
@@ -280,13 +263,13 @@ def test_one_worker_runs_without_ray(tmp_path: Path, scripted_url: str) -> None:
     _assert_one_valid_file(tmp_path / "run" / "groups.jsonl", 4)
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_a_sweep_with_workers_nests_two_finished_children(tmp_path: Path, scripted_url: str, ray_address: str) -> None:
     import mlflow
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "token"}
     env.pop("MLFLOW_RUN_ID", None)
-    cmd = [sys.executable, "-m", "experiments.launch", "-m", *_args(tmp_path, scripted_url, 6), "reward.weights.correct=1.0,0.5",
+    cmd = [sys.executable, "-m", "experiments.launch", "-m", *run_args(tmp_path, FIXTURE, scripted_url), *_args(6), "reward.weights.correct=1.0,0.5",
            f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -328,7 +311,7 @@ def _stub_source(ray, restarts: int, delay_s: float):
     return WorkerSource(SimpleNamespace(weight_version=3), [Worker(i, a, 4) for i, a in enumerate(actors)]), actors
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_a_restarted_worker_takes_groups_again_and_none_left_ends_the_run(ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
@@ -374,14 +357,16 @@ def test_a_restarted_worker_takes_groups_again_and_none_left_ends_the_run(ray_ad
         ray.shutdown()
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_a_local_trainer_in_the_driver_sees_every_group_and_workers_record_its_versions(tmp_path: Path, scripted_url: str, ray_address: str,
                                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     _join(monkeypatch, ray_address)
-    # No weight refresh: the scripted server has no weights; the trainer steps all the same.
-    _launch(tmp_path, scripted_url, 12, ["trainer=local", "trainer.refresh=false", "trainer.batch_groups=2", "trainer.max_staleness=100"])
+    # No weight refresh: the scripted server has no weights; the trainer steps all the same, on
+    # groups it kept though the scripted answers score them all alike.
+    _launch(tmp_path, scripted_url, 12, ["trainer=local", "trainer.refresh=false", "trainer.batch_groups=2", "trainer.max_staleness=100",
+                                         "trainer.equal_score_groups=keep"])
     groups = _assert_one_valid_file(tmp_path / "run" / "groups.jsonl", 12)
-    _, run = _run(tmp_path)
+    _, run = mlflow_run(tmp_path)
     assert run.info.status == "FINISHED"
     assert run.data.metrics["summary/trainer_steps"] == 6 and run.data.metrics["summary/weight_version"] == 6
     versions = [g["group_overrides"]["weight_version"] for g in groups]
@@ -389,7 +374,7 @@ def test_a_local_trainer_in_the_driver_sees_every_group_and_workers_record_its_v
     assert versions[0] == 0 and max(versions) >= 1
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_the_overhead_bench_runs_on_workers_and_counts_their_cpu(ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from experiments.bench import bench_overhead
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -15,85 +14,18 @@ from pathlib import Path
 import pytest
 from procs import cmdline, descendants
 
-from conftest import ROOT, compose
+from conftest import ROOT
+from helpers import Proxy, launch, launch_process, lines, mlflow_run
 from opd.records import check_group, read_groups
-from opd.serving.local_vllm import free_port
 from opd.serving.watch import ServerLost
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-class Proxy:
-    """A TCP proxy on loopback in front of a server; `down()` cuts it (listener and connections)."""
-
-    def __init__(self, target: str) -> None:
-        self.target_port = int(target.rsplit(":", 1)[1].split("/", 1)[0])
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.loop = asyncio.new_event_loop()
-        self.server: asyncio.AbstractServer | None = None
-        self.writers: set[asyncio.StreamWriter] = set()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        self.up()
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        self.writers |= {writer, up_writer}
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
-
-    def _call(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
-
-    def up(self) -> None:
-        async def start() -> None:
-            self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, reuse_address=True)
-        self._call(start())
-
-    def down(self) -> None:
-        async def stop() -> None:
-            assert self.server is not None
-            self.server.close()
-            for writer in list(self.writers):
-                writer.close()
-            self.writers.clear()
-            await self.server.wait_closed()
-        self._call(stop())
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-
-
-def _args(tmp_path: Path, fixture_model: str, url: str) -> list[str]:
-    return [
-        "env=inline_math", "server=vllm", f"server.model={fixture_model}", f"server.base_urls=[{url}]",
-        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"tracking.artifact_root={tmp_path / 'mlruns'}", "runner.progress=false",
-    ]
-
-
-def _launch(tmp_path: Path, fixture_model: str, url: str, extra: list[str]) -> float:
-    from experiments.launch import launch
-
-    return launch(compose([*_args(tmp_path, fixture_model, url), f"output_dir={tmp_path / 'run'}", *extra]))
-
-
-def _lines(path: Path) -> int:
-    return path.read_bytes().count(b"\n") if path.exists() else 0
-
-
 def _after_lines(path: Path, count: int, action, timeout: float = 300) -> threading.Thread:
     def wait() -> None:
         deadline = time.monotonic() + timeout
-        while _lines(path) < count and time.monotonic() < deadline:
+        while lines(path) < count and time.monotonic() < deadline:
             time.sleep(0.05)
         action()
 
@@ -112,14 +44,6 @@ def _run_exists(tmp_path: Path) -> bool:
         return False
 
 
-def _run(tmp_path: Path):
-    import mlflow
-
-    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("inline_math").experiment_id])
-    return client, run
-
-
 def test_a_server_outage_is_waited_out_and_the_run_goes_on(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
     proxy = Proxy(vllm_url)
     try:
@@ -129,13 +53,13 @@ def test_a_server_outage_is_waited_out_and_the_run_goes_on(tmp_path: Path, fixtu
             proxy.up()
 
         waiter = _after_lines(tmp_path / "run" / "groups.jsonl", 2, outage)
-        _launch(tmp_path, fixture_model, proxy.url, ["total_steps=8", "group_size=2", "runner.groups_in_flight=2", "server.unreachable_timeout_s=60"])
+        launch(tmp_path, fixture_model, proxy.url, ["env=inline_math", "total_steps=8", "group_size=2", "runner.groups_in_flight=2", "server.unreachable_timeout_s=60"])
         waiter.join()
     finally:
         proxy.close()
     groups = list(read_groups(tmp_path / "run" / "groups.jsonl"))
     assert len(groups) == 8 and all(not check_group(g) for g in groups)
-    _, run = _run(tmp_path)
+    _, run = mlflow_run(tmp_path)
     assert run.info.status == "FINISHED"
     assert run.data.metrics["summary/server_outages"] >= 1
 
@@ -146,29 +70,27 @@ def test_a_server_that_stays_down_ends_the_run_clearly(tmp_path: Path, fixture_m
         _after_lines(tmp_path / "run" / "groups.jsonl", 1, proxy.down)
         started = time.monotonic()
         with pytest.raises(ServerLost, match=r"unreachable for \d+ s \(server.unreachable_timeout_s=5\)"):
-            _launch(tmp_path, fixture_model, proxy.url, ["total_steps=50", "group_size=2", "runner.groups_in_flight=2", "server.unreachable_timeout_s=5"])
+            launch(tmp_path, fixture_model, proxy.url, ["env=inline_math", "total_steps=50", "group_size=2", "runner.groups_in_flight=2", "server.unreachable_timeout_s=5"])
         assert time.monotonic() - started < 120
     finally:
         proxy.close()
-    _, run = _run(tmp_path)
+    _, run = mlflow_run(tmp_path)
     assert run.info.status == "FAILED"
     written = list(read_groups(tmp_path / "run" / "groups.jsonl"))
     assert written and all(not check_group(g) for g in written)  # what was written stays valid
 
 
-def _subprocess_launch(tmp_path: Path, fixture_model: str, url: str, extra: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "-m", "experiments.launch", *_args(tmp_path, fixture_model, url), f"hydra.run.dir={tmp_path / 'run'}", *extra]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr.log").open("a"))
+# Enough groups that the kill (after 3, with 3 in flight) lands mid-run.
+STEPS = 20
 
 
 def test_sigkill_loses_only_groups_in_flight_and_resume_finishes_the_run(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
     groups_path = tmp_path / "run" / "groups.jsonl"
-    proc = _subprocess_launch(tmp_path, fixture_model, vllm_url, ["total_steps=60", "group_size=2", "runner.groups_in_flight=3"])
+    proc = launch_process(tmp_path, fixture_model, vllm_url, ["env=inline_math", f"total_steps={STEPS}", "group_size=2", "runner.groups_in_flight=3"])
     deadline = time.monotonic() + 300
     # The MLflow run is opened beside the first requests, not before them: under load a few groups
     # may be written first, so the kill waits for the run as well.
-    while _lines(groups_path) < 3 or not _run_exists(tmp_path):
+    while lines(groups_path) < 3 or not _run_exists(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()[-3000:]
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
@@ -176,37 +98,37 @@ def test_sigkill_loses_only_groups_in_flight_and_resume_finishes_the_run(tmp_pat
     # Every complete line is a valid group (a partial last line is all a kill may leave).
     data = groups_path.read_bytes()
     complete = data[: data.rfind(b"\n") + 1].decode().splitlines()
-    assert 3 <= len(complete) < 60
+    assert 3 <= len(complete) < STEPS
     assert all(not check_group(json.loads(line)) for line in complete)
-    client, run = _run(tmp_path)
+    client, run = mlflow_run(tmp_path)
     assert run.info.status == "RUNNING"  # nothing could close it
     run_id = run.info.run_id
 
-    proc = _subprocess_launch(tmp_path, fixture_model, vllm_url, ["total_steps=60", "group_size=2", "runner.groups_in_flight=3", "resume=true"])
+    proc = launch_process(tmp_path, fixture_model, vllm_url, ["env=inline_math", f"total_steps={STEPS}", "group_size=2", "runner.groups_in_flight=3", "resume=true"])
     assert proc.wait(timeout=600) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
     groups = list(read_groups(groups_path))
-    assert len(groups) == 60 and all(not check_group(g) for g in groups)
+    assert len(groups) == STEPS and all(not check_group(g) for g in groups)
     items = [g["group_overrides"]["item_id"] for g in groups]
-    assert len(set(items)) == 60  # no item done twice
+    assert len(set(items)) == STEPS  # no item done twice
     assert [json.loads(line) for line in complete] == groups[: len(complete)]  # kept as they were
-    client, run = _run(tmp_path)
+    client, run = mlflow_run(tmp_path)
     assert run.info.run_id == run_id and run.info.status == "FINISHED"
     assert run.data.tags["opd.resumed_with_groups"] == str(len(complete))
-    assert run.data.metrics["summary/groups_written"] == 60
+    assert run.data.metrics["summary/groups_written"] == STEPS
     steps = sorted(m.step for m in client.get_metric_history(run_id, "reward/mean"))
-    assert steps[-1] == 60 and set(range(len(complete) + 1, 25)) <= set(steps)
+    assert steps[-1] == STEPS and set(range(len(complete) + 1, STEPS + 1)) <= set(steps)
 
 
 def test_ctrl_c_stops_cleanly_and_marks_the_run_killed(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
     groups_path = tmp_path / "run" / "groups.jsonl"
-    proc = _subprocess_launch(tmp_path, fixture_model, vllm_url, ["total_steps=200", "group_size=2"])
+    proc = launch_process(tmp_path, fixture_model, vllm_url, ["env=inline_math", "total_steps=200", "group_size=2"])
     deadline = time.monotonic() + 300
-    while _lines(groups_path) < 2:
+    while lines(groups_path) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()[-3000:]
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) != 0
-    client, run = _run(tmp_path)
+    client, run = mlflow_run(tmp_path)
     assert run.info.status == "KILLED"
     assert {a.path for a in client.list_artifacts(run.info.run_id, "data")} == {"data/groups.jsonl", "data/groups.html"}
     assert all(not check_group(g) for g in read_groups(groups_path))
@@ -223,7 +145,7 @@ def test_the_embedded_server_is_restarted_when_it_dies(tmp_path: Path, fixture_m
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "stderr.log").open("w"))
     deadline = time.monotonic() + 400
-    while _lines(groups_path) < 2:
+    while lines(groups_path) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()[-3000:]
         time.sleep(0.05)
     # Kill the vLLM API process under the launcher's guard, as an out-of-memory kill would.
@@ -234,7 +156,7 @@ def test_the_embedded_server_is_restarted_when_it_dies(tmp_path: Path, fixture_m
     assert proc.wait(timeout=600) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
     groups = list(read_groups(groups_path))
     assert len(groups) == 6 and all(not check_group(g) for g in groups)
-    _, run = _run(tmp_path)
+    _, run = mlflow_run(tmp_path)
     assert run.info.status == "FINISHED" and run.data.metrics["summary/server_restarts"] == 1
     assert "restarting it (1/2)" in (tmp_path / "run" / "launch.log").read_text()
 

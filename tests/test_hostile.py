@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, compose, sandbox_limits
+from conftest import ROOT, compose, one_fast, sandbox_limits
 from stalls import STALL_LIMIT_S, Stalls, measure
 from opd.rewards.coding import run_task_tests
 from opd.rewards.harness import run_tests, wire
@@ -125,6 +125,7 @@ def test_rollouts_run_as_different_uids_and_own_their_files() -> None:
         assert call(one_tools, "terminal", command="id -u").startswith(str(one.lease.uid))
 
 
+@pytest.mark.slow
 def test_process_groups_are_signalled_only_while_their_leader_is_unreaped(monkeypatch: pytest.MonkeyPatch) -> None:
     # A reaped leader's pid is free: another rollout's jail (a session leader) may hold it already.
     signalled: list[tuple[int, bool]] = []
@@ -152,6 +153,7 @@ def test_process_groups_are_signalled_only_while_their_leader_is_unreaped(monkey
 # ---- 2. no privileged walk over paths the code controls --------------------------------------
 
 
+@pytest.mark.slow
 def test_symlink_swaps_while_the_file_tools_run_never_reach_outside(tmp_path: Path) -> None:
     target = tmp_path / "root-only.txt"
     target.write_text("untouched")
@@ -216,7 +218,7 @@ FORGERIES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(FORGERIES))
+@pytest.mark.parametrize("name", one_fast(sorted(FORGERIES), ("writes_its_own_tests",)))
 def test_no_solution_can_forge_a_pass(name: str) -> None:
     with workspace() as (ws, tools):
         call(tools, "write_file", path="solution.py", content=FORGERIES[name])
@@ -224,6 +226,7 @@ def test_no_solution_can_forge_a_pass(name: str) -> None:
     assert outcome.level in ("assertion", "crash"), (name, outcome)
 
 
+@pytest.mark.slow
 def test_correct_solutions_pass_however_much_they_print_and_however_long_they_are() -> None:
     loud = "print('x' * 5_000_000)\nimport sys\nsys.stderr.write('y' * 5_000_000)\n" + GOOD
     long = GOOD + "# padding\n" * 5000  # 55,000 characters: over env.max_file_chars, under reward.max_solution_chars
@@ -248,6 +251,7 @@ STAR_FORGERIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(STAR_FORGERIES))
 def test_a_star_import_gives_the_tests_no_builtin_dunder_or_name_of_their_own(name: str) -> None:
     solution, tests = STAR_FORGERIES[name]
@@ -255,6 +259,7 @@ def test_a_star_import_gives_the_tests_no_builtin_dunder_or_name_of_their_own(na
     assert outcome.level == "assertion", (name, outcome)
 
 
+@pytest.mark.slow
 def test_a_library_module_that_exits_on_import_is_a_crash_not_the_tests_verdict() -> None:
     """The solution names a module the tests' side imports for its names; one that raises
     SystemExit there (exit 0 would read as the tests finishing) is reported as what it is."""
@@ -263,12 +268,14 @@ def test_a_library_module_that_exits_on_import_is_a_crash_not_the_tests_verdict(
     assert outcome.level == "crash" and "importing the solution's names exited" in outcome.detail, outcome
 
 
+@pytest.mark.slow
 def test_the_tests_still_get_the_solutions_functions_by_star_or_by_name() -> None:
     star = "from solution import *\nassert add_3(1) == 4 and LIMIT == 7\n"
     assert asyncio.run(run_tests(GOOD + "LIMIT = 7\n", star, LIMITS)).level == "pass"
     assert asyncio.run(run_tests("__all__ = []\n" + GOOD, TESTS, LIMITS)).level == "pass"  # by name, whatever __all__ says
 
 
+@pytest.mark.slow
 def test_humaneval_helpers_come_from_the_prompt_not_from_the_solution() -> None:
     from opd.data.coding_tasks import humaneval_tasks
 
@@ -281,6 +288,7 @@ def test_humaneval_helpers_come_from_the_prompt_not_from_the_solution() -> None:
     assert asyncio.run(run_tests(task["solution"], task["test_code"], LIMITS)).level == "pass"
 
 
+@pytest.mark.slow
 def test_integers_of_any_size_cross_the_harness() -> None:
     solution = "def power_of_two(n):\n    return 2 ** n\ndef bits(n):\n    return n.bit_length()\n"
     tests = "from solution import power_of_two, bits\nassert power_of_two(20000) == 2 ** 20000\nassert bits(-10 ** 5000) == (10 ** 5000).bit_length()\n"
@@ -441,6 +449,7 @@ def test_files_under_paths_longer_than_path_max_count_against_the_quota(mounted:
         assert ws_mounted == (mounted and os.geteuid() == 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mounted", [True, False], ids=["tmpfs", "measured"])
 def test_many_files_never_stall_the_event_loop(mounted: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     # Measuring and removing 150,000 files took ~0.4 s and ~1.2 s on the event loop (du and rm);
@@ -546,12 +555,12 @@ def test_parsers_survive_pathological_text_quickly(parser_name: str, text_name: 
         parse("1")  # warm up: builds the vLLM parser once, outside the clock
     except allowed:
         pass
-    started = time.monotonic()
+    started = time.thread_time()  # CPU time: what the parser computed, not the machine's load
     try:
         parse(PATHOLOGICAL[text_name])
     except allowed:  # the documented, clean refusal
         pass
-    assert time.monotonic() - started < 0.5
+    assert time.thread_time() - started < 0.5
 
 
 ADVERSARIAL = st.lists(st.sampled_from(["{", "}", "[", "]", '"', "\\", "\\boxed", "<tool_call>", "</tool_call>", "</think>", "**", "(", ")", "9", ":", ",", "name", "arguments", "\n", "\\boxed{1}", "\\boxed{-1}"]), max_size=3000).map("".join)
@@ -578,7 +587,7 @@ TERMINAL_STOPS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(TERMINAL_STOPS))
+@pytest.mark.parametrize("name", one_fast(sorted(TERMINAL_STOPS), ("abort",)))
 def test_the_terminal_names_what_stopped_a_command(name: str) -> None:
     command, limits, words = TERMINAL_STOPS[name]
     with workspace(limits) as (_, tools):
@@ -622,6 +631,7 @@ def _tool_stalls(capsys: pytest.CaptureFixture, name: str, stalls: Stalls) -> No
     assert stalls.cpu_s < STALL_LIMIT_S, stalls.report(name)
 
 
+@pytest.mark.slow
 def test_the_calculator_never_holds_the_event_loop(capsys: pytest.CaptureFixture) -> None:
     tools = Toolbox(math_tools.TOOLS, math_tools.MathTools(CalculatorLimits(), LIMITS))
     stalls = Stalls()
@@ -878,7 +888,6 @@ import copy  # noqa: E402
 import json  # noqa: E402
 
 from experiments.bench.chromium import Chromium, chromium_binary  # noqa: E402
-from opd.records import check_group  # noqa: E402
 from opd.records.viewer import write_viewer  # noqa: E402
 
 XSS = '<img src=x onerror="window.__pwned=(window.__pwned||0)+1"><script>window.__pwned=1</script>'
@@ -944,6 +953,7 @@ def test_the_record_check_refuses_every_field_of_the_wrong_type(tokenizer, tmp_p
     assert count == len(names) and refused == set(names) - WELL_TYPED, (set(names) - WELL_TYPED) ^ refused
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(chromium_binary() is None, reason="chromium is not installed (scripts/install.sh installs it as root with apt)")
 def test_a_hostile_records_file_runs_no_script_in_the_viewer(tokenizer, tmp_path: Path) -> None:
     names = _hostile_records(tokenizer, tmp_path / "hostile.jsonl")
@@ -986,6 +996,7 @@ SECRETS = {
 }
 
 
+@pytest.mark.slow
 def test_secrets_in_the_config_never_reach_mlflow(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
@@ -1041,6 +1052,7 @@ TYPED = [
 ]
 
 
+@pytest.mark.slow
 def test_secrets_typed_on_the_command_line_never_reach_mlflow(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 

@@ -38,7 +38,9 @@ def test_phases_go_to_the_ledger_of_the_task_that_ran_them() -> None:
 
     asyncio.run(latency.within(group, collect()))
     short, long = group.rollouts
-    assert 0.04 < short.phases["request"] < 0.12 and 0.14 < long.phases["request"] < 0.3
+    # Each ledger has its own request (no sleep ends early; a late timer on a loaded machine only
+    # adds to both): swapped or pooled phases fail one of these.
+    assert short.phases["request"] >= 0.04 and long.phases["request"] >= 0.14 and short.phases["request"] < long.phases["request"]
     assert set(group.phases) == {"reward", "reward/verify"}  # the rollouts' requests are theirs, not the group's
     assert group.phases["reward"] >= group.phases["reward/verify"] >= 0.015
     assert short.ended < long.ended <= group.ended

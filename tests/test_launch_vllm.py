@@ -14,41 +14,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, compose
+from conftest import ROOT
 from opd.records import MASK, check_group, read_groups
-from opd.serving.local_vllm import free_port
+from helpers import Proxy, free_port, launch, mlflow_run
 from opd.config import ConfigError
-from opd.serving.watch import ServerLost
 from opd.serving.vllm_client import ServerRequestError, VLLMClient
 
 pytestmark = pytest.mark.vllm
 
 
-def launch_in_process(tmp_path: Path, fixture_model: str, url: str, overrides: list[str]) -> float:
-    from experiments.launch import launch
-
-    cfg = compose(
-        [
-            "server=vllm", f"server.model={fixture_model}", f"server.base_urls=[{url}]",
-            f"output_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-            f"tracking.artifact_root={tmp_path / 'mlruns'}", "runner.progress=false", *overrides,
-        ]
-    )
-    return launch(cfg)
-
-
-def only_run(tmp_path: Path):
-    import mlflow
-
-    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("inline_math")
-    runs = client.search_runs([experiment.experiment_id])
-    assert len(runs) == 1
-    return client, runs[0]
-
-
 def test_three_groups_line_up_with_the_server_and_land_in_mlflow(tmp_path, fixture_model, vllm_url) -> None:
-    objective = launch_in_process(tmp_path, fixture_model, vllm_url, ["total_steps=3", "group_size=4"])
+    objective = launch(tmp_path, fixture_model, vllm_url, ["total_steps=3", "group_size=4"])
     groups = list(read_groups(tmp_path / "run" / "groups.jsonl"))
     assert len(groups) == 3
     for group in groups:
@@ -70,7 +46,7 @@ def test_three_groups_line_up_with_the_server_and_land_in_mlflow(tmp_path, fixtu
     diffs = sorted(abs(scored.token_logprobs[i] - stored[i]) for i in generated)
     assert diffs[len(diffs) // 2] < 0.02 and diffs[-1] < 0.3, diffs[-5:]
 
-    client, run = only_run(tmp_path)
+    client, run = mlflow_run(tmp_path)
     assert run.info.status == "FINISHED"
     assert run.data.params["env.name"] == "inline_math" and run.data.params["total_steps"] == "3"
     assert run.data.tags["env"] == "inline_math" and run.data.tags["server"] == "vllm"
@@ -88,8 +64,8 @@ def test_three_groups_line_up_with_the_server_and_land_in_mlflow(tmp_path, fixtu
 
 
 def test_evaluate_mode_logs_eval_metrics(tmp_path, fixture_model, vllm_url) -> None:
-    accuracy = launch_in_process(tmp_path, fixture_model, vllm_url, ["mode=evaluate", "dataset.eval_size=8"])
-    client, run = only_run(tmp_path)
+    accuracy = launch(tmp_path, fixture_model, vllm_url, ["mode=evaluate", "dataset.eval_size=8"])
+    client, run = mlflow_run(tmp_path)
     assert run.info.status == "FINISHED"
     assert run.data.metrics["eval/items"] == 8 and run.data.metrics["eval/failed_items"] == 0
     assert run.data.metrics["eval/accuracy"] == accuracy and 0 <= accuracy <= 1
@@ -149,7 +125,7 @@ def test_a_server_that_was_never_up_fails_the_run_within_seconds(tmp_path, fixtu
     dead = f"http://127.0.0.1:{free_port()}/v1"
     started = time.monotonic()
     with pytest.raises(ConfigError) as info:
-        launch_in_process(tmp_path, fixture_model, dead, ["total_steps=1", "group_size=1"])
+        launch(tmp_path, fixture_model, dead, ["total_steps=1", "group_size=1"])
     assert info.value.key == "server.base_urls" and f"nothing answers at {dead}" in str(info.value)
     assert time.monotonic() - started < 30
     assert not (tmp_path / "mlflow.db").exists()  # nothing was started, no MLflow run either
@@ -191,21 +167,19 @@ def test_bad_config_fails_before_any_server_starts(tmp_path) -> None:
     assert not (tmp_path / "vllm").exists() and time.monotonic() - started < 60
 
 
-def _requests_served(base_url: str) -> float:
-    """vLLM's finished-request counter, from its Prometheus /metrics."""
-    import urllib.request
-
-    text = urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total"))
-
-
 @pytest.mark.slow
-def test_two_servers_share_the_requests(tmp_path, fixture_model, vllm_url, vllm_url_2) -> None:
-    before = [_requests_served(vllm_url), _requests_served(vllm_url_2)]
-    launch_in_process(tmp_path, fixture_model, vllm_url, [
-        f"server.base_urls=[{vllm_url},{vllm_url_2}]", "total_steps=4", "group_size=4", "runner.groups_in_flight=4",
-    ])
-    served = [_requests_served(vllm_url) - before[0], _requests_served(vllm_url_2) - before[1]]
+def test_two_servers_share_the_requests(tmp_path, fixture_model, vllm_url) -> None:
+    """Two base URLs (two proxies in front of the session's server, each counting what it is sent):
+    the choice of server is the client's, so one vLLM behind both tests it as two would."""
+    first, second = Proxy(vllm_url), Proxy(vllm_url)
+    try:
+        launch(tmp_path, fixture_model, vllm_url, [
+            f"server.base_urls=[{first.url},{second.url}]", "total_steps=4", "group_size=4", "runner.groups_in_flight=4",
+        ])
+    finally:
+        first.close()
+        second.close()
+    served = [first.requests, second.requests]
     # atroposlib's ServerManager sends each request to the server with the most free slots.
     assert min(served) >= 4, served
     assert sum(served) >= 16, served

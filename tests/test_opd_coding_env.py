@@ -130,6 +130,7 @@ def test_own_trivial_test_file_earns_no_correctness(make_env) -> None:
     assert group["scores"][0] < 0.7
 
 
+@pytest.mark.slow
 def test_solution_that_exits_early_does_not_pass(make_env) -> None:
     env = make_env([call("write_file", path="solution.py", content="import os\nos._exit(0)\n"), "Done."])
     group = collect(env)
@@ -190,6 +191,7 @@ def test_hinted_turn_carries_teacher_rows_on_its_own_tokens(make_env, tokenizer)
     assert metrics["opd/teacher_minus_student_lp"] == pytest.approx(-0.1 + 0.5)
 
 
+@pytest.mark.slow
 def test_judge_and_scoring_failures_are_counted_and_the_group_stays_valid(make_env, caplog) -> None:
     env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."])
     env.script.judge_fails = True
@@ -214,12 +216,14 @@ def test_k_above_the_server_limit_fails_before_generation(make_env) -> None:
         asyncio.run(env.setup())
 
 
+@pytest.mark.slow
 def test_opd_disabled_writes_plain_records(make_env) -> None:
     env = make_env([call("write_file", path="solution.py", content=BAD), RUN, "Done."], ["env.opd.enabled=false"])
     group = collect(env)
     assert "distill_token_ids" not in group and env.client.chats == []
 
 
+@pytest.mark.slow
 def test_reference_defaults_clamp_show_tests_and_any_positive_vote(make_env) -> None:
     """The reference's choices, each one override away from ours: the score clamped to [0, 1],
     the task's tests in the prompt, a hint when any vote is positive."""
@@ -234,6 +238,7 @@ def test_reference_defaults_clamp_show_tests_and_any_positive_vote(make_env) -> 
     assert validate(compose(["env=opd_coding", "model=qwen3"])).env.show_tests is True
 
 
+@pytest.mark.slow
 def test_a_failed_vote_request_is_retried_one_vote_at_a_time(make_env) -> None:
     """The n-vote request fails: each vote is asked alone; the one that fails again counts as
     unparseable and the others still decide (as the reference, which asks one vote per request)."""
@@ -264,6 +269,7 @@ def test_a_failed_vote_request_is_retried_one_vote_at_a_time(make_env) -> None:
     assert asked == [3, 3]
 
 
+@pytest.mark.slow
 def test_votes_sent_alone_fail_alone_and_all_failing_fails_the_judging(make_env) -> None:
     """votes_in_one_request=false (the reference): one failed vote is an unparseable vote; when
     every vote of a pair fails, that pair's judging fails and is counted."""

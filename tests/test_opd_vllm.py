@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose
+import helpers
 from opd.config import ConfigError
 from opd.distill.teacher import with_hint
 from opd.envs import coding_prompt
@@ -22,16 +22,8 @@ BF16_STEP = 0.07
 
 
 def launch(tmp_path: Path, fixture_model: str, url: str, overrides: list[str]) -> float:
-    from experiments.launch import launch as run
-
-    cfg = compose(
-        [
-            "env=opd_coding", f"distill_topk={K}", "server=vllm", f"server.model={fixture_model}", f"server.base_urls=[{url}]",
-            "server.max_logprobs=20", f"output_dir={tmp_path / 'run'}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-            f"tracking.artifact_root={tmp_path / 'mlruns'}", "runner.progress=false", *overrides,
-        ]
-    )
-    return run(cfg)
+    """An opd_coding run with the server's top-K (`overrides` last)."""
+    return helpers.launch(tmp_path, fixture_model, url, ["env=opd_coding", f"distill_topk={K}", "server.max_logprobs=20", *overrides])
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,8 @@ def test_oversubscribed_requests_queue_for_the_slots_without_polling() -> None:
 
     wall = run_loop(main())
     assert client.served == 16 and client.most_running == 4  # never more than the limit, and it was reached
-    assert wall < 0.5  # 4 waves of 50 ms; polling once a second (atroposlib's manager) made this >= 1 s
+    # 4 waves of 50 ms; polling once a second (atroposlib's manager) made this >= 1 s.
+    assert wall < 0.9
 
 
 def test_a_request_times_its_wait_for_a_slot_apart_from_the_request_itself() -> None:
@@ -56,7 +57,8 @@ def test_a_request_times_its_wait_for_a_slot_apart_from_the_request_itself() -> 
 
     first, second = run_loop(main())
     assert first.phases["request"] >= 0.045 and second.phases["request"] >= 0.045  # timers may fire a little early
-    assert first.phases["slot"] < 0.02 and second.phases["slot"] >= 0.045  # the second waited for the first's slot
+    # The second waited for the first's slot (a whole request), the first for none.
+    assert first.phases["slot"] < 0.045 <= second.phases["slot"]
 
 
 def test_rollouts_judge_and_teacher_requests_share_one_pool() -> None:

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Iterator
 import pytest
 
 from conftest import ROOT, compose
+from helpers import mlflow_serving
 from opd.config import validate
 
 README = ROOT / "README.md"
@@ -81,7 +81,10 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m experiments.bench compare --root DIR [--latency S] [--in-flight N] [--workers N,M] [--repeats 3]":
         ("help", "two checkouts' overhead benches side by side: minutes"),
     ".venv/bin/python -m pytest": ("pytest", "the suite collects"),
-    ".venv/bin/python -m pytest -m \"not vllm\"": ("pytest", "the subset collects"),
+    ".venv/bin/python -m pytest -m fast": ("pytest", "the tier collects, no heavy test in it"),
+    ".venv/bin/python -m pytest -m vllm": ("pytest", "the tier collects"),
+    ".venv/bin/python -m pytest -m \"ray or slurm or browser\"": ("pytest", "the tiers collect"),
+    ".venv/bin/python -m pytest -m slow": ("pytest", "the tier collects"),
     ".venv/bin/python -m opd.fixture.build --out /tmp/fixture": ("help", "training the fixture takes 8 minutes"),
     "scripts/lock.sh [cpu] [gpu]": ("syntax", "resolving the locks takes minutes and the registries"),
     "scripts/lock.sh": ("syntax", "as above"),
@@ -201,11 +204,25 @@ def test_tools_too_long_to_run_here_accept_what_the_readme_passes() -> None:
     assert (ROOT / "locks" / "gpu.txt").exists() and "OPD_INFERENCE" in (ROOT / "scripts/install.sh").read_text()
 
 
+def _collected(*args: str) -> set[str]:
+    """The test ids `pytest --collect-only ARGS` selects (failing the test if it cannot collect)."""
+    out = _python("-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return {line for line in out.stdout.splitlines() if "::" in line}
+
+
 @pytest.mark.slow
-def test_the_test_commands_collect_the_suite() -> None:
-    for args in (["-m", "pytest", "--collect-only", "-q"], ["-m", "pytest", "--collect-only", "-q", "-m", "not vllm"]):
-        out = _python(*args, timeout=600)
-        assert out.returncode == 0 and re.search(r"\d+(/\d+)? tests? collected|collected|selected", out.stdout), out.stdout[-2000:] + out.stderr[-2000:]
+def test_the_test_commands_collect_the_suite_and_the_fast_tier_holds_no_heavy_test() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    commands = sorted({tuple(shlex.split(c.split("-m pytest", 1)[1])) for c, (kind, _) in CHECKS.items() if kind == "pytest"})
+    with ThreadPoolExecutor(len(commands)) as pool:  # the collections are processes of their own: at once
+        tiers = dict(zip(commands, pool.map(lambda args: _collected(*args), commands)))
+    assert all(tiers.values()), tiers.keys()
+    everything, fast = tiers[()], tiers[("-m", "fast")]
+    heavy = tiers[("-m", "vllm")] | tiers[("-m", "ray or slurm or browser")] | tiers[("-m", "slow")]
+    # Every test is in the fast tier or a heavy one, never both.
+    assert fast | heavy == everything and not fast & heavy, sorted(fast & heavy)[:10]
 
 
 # ---- fails: a command for another machine says so in one line, at once ----------------------------
@@ -271,39 +288,19 @@ def test_a_run_then_its_viewer_check_and_mlflow_ui(tmp_path: Path, scripted: str
     assert view.returncode == 0 and (tmp_path / "page.html").stat().st_size > 0, view.stderr
     check = _python("-m", "opd.records", "check", groups)
     assert check.returncode == 0, check.stdout + check.stderr
-    _mlflow_ui_serves(f"sqlite:///{tmp_path}/mlflow.db", expect_run="inline_math fixture total_steps=3 group_size=8 seed=1")
+    _mlflow_ui_serves(f"sqlite:///{tmp_path}/mlflow.db", expect_run="inline_math fixture total_steps=3 group_size=8 seed=1", workdir=tmp_path)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _mlflow_ui_serves(uri: str, expect_run: str) -> None:
+def _mlflow_ui_serves(uri: str, expect_run: str, workdir: Path) -> None:
     """`mlflow ui --backend-store-uri URI` (on a free port) answers and lists the run."""
     import urllib.request
 
-    port = _free_port()
-    ui = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "ui", "--backend-store-uri", uri, "--port", str(port)],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                          env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search", data=b'{"experiment_ids": ["1"]}',
-                                                 headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=5) as response:
-                    runs = json.load(response)["runs"]
-                break
-            except OSError:
-                assert ui.poll() is None and time.monotonic() < deadline, "mlflow ui did not start"
-                time.sleep(1)
-        assert expect_run in [r["info"]["run_name"] for r in runs]
-    finally:
-        os.killpg(ui.pid, 15)
-        ui.wait(timeout=30)
+    with mlflow_serving(["ui", "--backend-store-uri", uri], workdir) as url:
+        request = urllib.request.Request(f"{url}/api/2.0/mlflow/runs/search", data=b'{"experiment_ids": ["1"]}',
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            runs = json.load(response)["runs"]
+    assert expect_run in [r["info"]["run_name"] for r in runs]
 
 
 @pytest.mark.slow

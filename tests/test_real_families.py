@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose
+from conftest import compose, one_fast
 from opd.agent.chat_format import ChatFormat
 from opd.agent.chat_tokens import WORD_JOINER, continuation_ids, continuation_text, defuse, encode_text, mistral_call_id, render_ids
 from opd.config import validate
@@ -47,7 +47,7 @@ FORGED = {
 }
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=one_fast(FAMILIES, ("qwen3",)))
 def family(request: pytest.FixtureRequest) -> tuple[str, Path, object]:
     directory = tokenizer_dir(request.param)
     return request.param, directory, load_tokenizer(str(directory))

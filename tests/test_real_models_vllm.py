@@ -3,50 +3,110 @@ model of the family's real architecture with its real tokenizer and chat templat
 (opd.fixture.families), served by vLLM started with exactly the preset's arguments (parsers,
 reasoning parser, chat template, --max-logprobs; the opd_coding context length, which covers
 inline_math's). Random weights write noise: it must come back as valid records (noise counted as
-format violations, never a crash). One server per preset serves both environments; qwen2_5 and
-qwen2_5_coder share one (their server arguments are the same)."""
+format violations, never a crash). One server per family serves both environments (qwen2_5 and
+qwen2_5_coder share one: their server arguments are the same); the next family's server starts
+while this one's runs go."""
 
 from __future__ import annotations
 
+import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from conftest import compose
+from opd.config import validate
+from opd.fixture.families import build_model
 from opd.records import check_group, read_groups
+from opd.serving.local_vllm import LocalVLLM
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 # preset -> the family whose tiny model it serves.
 PRESETS = {"qwen3": "qwen3", "qwen2_5": "qwen2_5", "qwen2_5_coder": "qwen2_5", "llama3": "llama3", "mistral": "mistral",
            "deepseek_r1_distill": "deepseek_r1_distill", "gpt_oss": "gpt_oss"}
-# Per-turn budgets cut for time on 2 CPU cores (the server keeps the preset's context length).
-BUDGETS = {"opd_coding": ["env.max_tokens_per_turn=192", "env.max_turns=3"],
-           "inline_math": ["env.max_tokens_per_segment=96", "env.max_new_tokens=192"]}
+# Budgets cut for time on 2 CPU cores (the server keeps the preset's context length): random
+# weights never write a tool call, so a rollout is one turn, cut at max_tokens or ended by a
+# special token; inline_math's two segments still take the continuation path.
+BUDGETS = {"opd_coding": ["env.max_tokens_per_turn=48", "env.max_turns=2"],
+           "inline_math": ["env.max_tokens_per_segment=24", "env.max_new_tokens=48"]}
+STEPS = 1
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen2_5", "llama3", "mistral", "deepseek_r1_distill", "gpt_oss"])
-def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+FAMILIES = ["qwen3", "qwen2_5", "llama3", "mistral", "deepseek_r1_distill", "gpt_oss"]
+
+
+class FamilyServers:
+    """Each family's tiny model served by vLLM with its preset's arguments, started one family
+    ahead: the next family's server starts (in a thread) while this family's runs go, so two
+    servers are up at most and the start-ups overlap the runs instead of following them."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory, families: list[str]) -> None:
+        self.tmp_path_factory, self.families = tmp_path_factory, families
+        self.pool = ThreadPoolExecutor(max_workers=2)
+        self.started: dict[str, tuple[str, LocalVLLM, Future]] = {}
+
+    def _start(self, family: str) -> None:
+        if family in self.started:
+            return
+        model = str(build_model(family, self.tmp_path_factory.mktemp(f"{family}-model")))
+        settings = validate(compose([f"model={family}", "env=opd_coding", f"server.model={model}", "server.startup_timeout_s=600"])).server
+        server = LocalVLLM(settings, model, self.tmp_path_factory.mktemp(f"{family}-vllm"))
+        self.started[family] = (model, server, self.pool.submit(server.start))
+
+    def serve(self, family: str) -> tuple[str, str]:
+        """(the family's model directory, its server's URL), once it is healthy; the next family's starts."""
+        self._start(family)
+        later = self.families[self.families.index(family) + 1:]
+        if later:
+            self._start(later[0])
+        model, _, future = self.started[family]
+        return model, future.result()
+
+    def stop(self, family: str) -> None:
+        _, server, future = self.started.pop(family)
+        with contextlib.suppress(Exception):  # a failed start was stopped by LocalVLLM itself
+            future.result()
+        server.stop()
+
+    def close(self) -> None:
+        for family in list(self.started):
+            self.stop(family)
+        self.pool.shutdown()
+
+
+@pytest.fixture(scope="module")
+def family_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FamilyServers]:
+    # Only the families this session runs, in the order it runs them.
+    wanted = {item.callspec.params["served"] for item in request.session.items if "served" in getattr(getattr(item, "callspec", None), "params", {})}
+    servers = FamilyServers(tmp_path_factory, [f for f in FAMILIES if f in wanted])
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def served(request: pytest.FixtureRequest, family_servers: FamilyServers) -> Iterator[tuple[str, str, str]]:
     """(family, its tiny model's directory, the URL of vLLM serving it with the preset's arguments)."""
-    from opd.config import validate
-    from opd.fixture.families import build_model
-    from opd.serving.local_vllm import LocalVLLM
-
     family = request.param
-    model = str(build_model(family, tmp_path_factory.mktemp(f"{family}-model")))
-    settings = validate(compose([f"model={family}", "env=opd_coding", f"server.model={model}", "server.startup_timeout_s=600"])).server
-    with LocalVLLM(settings, model, tmp_path_factory.mktemp(f"{family}-vllm")) as server:
-        yield family, model, server.base_url
+    model, url = family_servers.serve(family)
+    try:
+        yield family, model, url
+    finally:
+        family_servers.stop(family)
 
 
 def _run(tmp_path: Path, preset: str, env: str, model: str, url: str) -> list[dict]:
     from experiments.launch import launch
 
     out = tmp_path / f"{preset}-{env}"
+    # MLflow is off: what is checked here is the records (tracking has tests of its own).
     launch(compose([f"model={preset}", f"env={env}", "server=vllm", f"server.model={model}", f"server.base_urls=[{url}]",
-                    "total_steps=2", "group_size=2", "judge_votes=1", f"output_dir={out}", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-                    f"tracking.artifact_root={tmp_path / 'mlruns'}", "runner.progress=false", *BUDGETS[env]]))
+                    f"total_steps={STEPS}", "group_size=2", "judge_votes=1", f"output_dir={out}", "tracking.enabled=false",
+                    "runner.progress=false", *BUDGETS[env]]))
     return list(read_groups(out / "groups.jsonl"))
 
 
@@ -55,7 +115,7 @@ def test_each_preset_writes_valid_records_through_vllm(served, env: str, tmp_pat
     family, model, url = served
     for preset in [p for p, f in PRESETS.items() if f == family]:
         groups = _run(tmp_path, preset, env, model, url)
-        assert len(groups) == 2, preset
+        assert len(groups) == STEPS, preset
         for group in groups:
             assert check_group(group) == [], preset
             # Every rollout generated something, as vLLM sampled it (ids with their logprobs).

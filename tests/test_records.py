@@ -11,23 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import make_group, sequence
 from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, MASKED_LOGPROB, RULES, GroupWriter, check_group, is_valid, read_groups
 
 
 def good_group() -> dict:
-    return {
-        "tokens": [[1, 2, 3, 4], [1, 2, 5]],
-        "masks": [[MASK, MASK, 3, 4], [MASK, MASK, 5]],
-        "scores": [1.0, -1.0],
-        "inference_logprobs": [[MASKED_LOGPROB, MASKED_LOGPROB, -0.1, -2.0], [MASKED_LOGPROB, MASKED_LOGPROB, -0.5]],
-        "overrides": [{"reward_signals": {"correct": 1.0}, "correct": True, "tool_calls": 1, "tool_errors": 0, "finish": "eos", "generated_tokens": 2},
-                      {"reward_signals": {"correct": 0.0}, "correct": False, "tool_calls": 0, "tool_errors": 0, "finish": "eos", "generated_tokens": 1}],
-        "group_overrides": {"item_id": "m-1", "answer": "4", "weight_version": 0},
-        "generation_params": {"temperature": 1.0, "top_p": 1.0},
-        "messages": None,
-        "advantages": None,
-        "ref_logprobs": None,
-    }
+    return make_group(
+        [sequence([1, 2], [3, 4], [-0.1, -2.0]), sequence([1, 2], [5], -0.5)], [1.0, -1.0],
+        overrides=[{"reward_signals": {"correct": 1.0}, "correct": True, "tool_calls": 1, "tool_errors": 0, "finish": "eos", "generated_tokens": 2},
+                   {"reward_signals": {"correct": 0.0}, "correct": False, "tool_calls": 0, "tool_errors": 0, "finish": "eos", "generated_tokens": 1}],
+        group_overrides={"item_id": "m-1", "answer": "4", "weight_version": 0},
+        generation_params={"temperature": 1.0, "top_p": 1.0},
+        messages=None, advantages=None, ref_logprobs=None,
+    )
 
 
 def test_good_group_has_no_problems() -> None:

@@ -6,20 +6,15 @@ import asyncio
 
 import pytest
 
-from opd.records import MASK, MASKED_LOGPROB, read_groups
+from helpers import make_group, sequence
+from opd.records import read_groups
 from opd.runner import Runner, RunnerLimits, TooManyDropped, TooManyFailures
 from opd.sinks.base import Sink, Written
 from opd.sinks.jsonl import GroupFile
 
 
 def group_for(item: int) -> dict:
-    return {
-        "tokens": [[1, 2, item + 3]],
-        "masks": [[MASK, MASK, item + 3]],
-        "scores": [float(item)],
-        "inference_logprobs": [[MASKED_LOGPROB, MASKED_LOGPROB, -0.5]],
-        "overrides": [{}],
-    }
+    return make_group([sequence([1, 2], [item + 3], -0.5)], [float(item)])
 
 
 class ScriptedEnv:

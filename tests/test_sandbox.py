@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -90,7 +89,8 @@ def test_works_in_its_own_directory_which_is_removed() -> None:
 
 @pytest.mark.parametrize(("code", "limits", "words"), [
     ("while True: pass", sandbox_limits(timeout_s=20, cpu_s=1), "CPU limit (1 s)"),
-    ("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass", sandbox_limits(timeout_s=20, cpu_s=1), "SIGKILL (the CPU limit's hard stop at 2 s"),
+    pytest.param("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True: pass", sandbox_limits(timeout_s=20, cpu_s=1),
+                 "SIGKILL (the CPU limit's hard stop at 2 s", marks=pytest.mark.slow),
     ("import time\ntime.sleep(60)", sandbox_limits(timeout_s=1), "wall-clock limit (1 s)"),
     ("a = bytearray(4 * 1024 ** 3)", sandbox_limits(memory_mb=256), "memory at the limit (256 MiB)"),
     ("open('big', 'wb').write(b'0' * (8 * 2 ** 20))", sandbox_limits(file_size_mb=4), "file-size limit (4 MiB per file)"),

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -14,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import compose
+from helpers import free_port, serving
 from opd.records import read_groups
-from opd.serving.local_vllm import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -32,25 +30,9 @@ def _call(method: str, url: str, body: dict | None = None):
 
 @pytest.fixture()
 def trainer_api(tmp_path: Path):
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "run-api"), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "api.log").open("w"), start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                _call("GET", url + "/")
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "api.log").read_text()[-2000:]
-                time.sleep(0.3)
+    """atroposlib's trainer API (`run-api`), ready once it answers."""
+    with serving([str(Path(sys.executable).parent / "run-api")], tmp_path) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=30)
 
 
 def test_serve_mode_hands_the_trainer_exactly_the_jsonl_groups_under_back_pressure(tmp_path: Path, fixture_model: str, vllm_url: str, trainer_api: str) -> None:

@@ -68,7 +68,7 @@ def slurm() -> Iterator[SlurmCluster]:
     assert not cluster.leftovers(), f"still running after the cluster stopped: {cluster.leftovers()}"
 
 
-@pytest.mark.slow
+@pytest.mark.slurm
 def test_the_fixture_cluster_runs_a_job_in_its_partition(slurm: SlurmCluster, tmp_path: Path) -> None:
     out = tmp_path / "hello.out"
     job_id = slurm.command("sbatch", "--parsable", f"--partition={slurm.partition}", "--cpus-per-task=1", "--mem=100M", "--wait",
@@ -106,7 +106,7 @@ def _mlflow_runs(uri: str):
     return client, parents, children
 
 
-@pytest.mark.slow
+@pytest.mark.slurm
 def test_a_reward_weight_sweep_runs_as_slurm_jobs_and_nests_in_mlflow(slurm: SlurmCluster, tmp_path: Path, fixture_model: str) -> None:
     from experiments.bench import scripted_server
     from opd.records import read_groups
@@ -164,7 +164,7 @@ def test_a_reward_weight_sweep_runs_as_slurm_jobs_and_nests_in_mlflow(slurm: Slu
     assert logged == {"compare/compare.csv", "compare/compare.png"}
 
 
-@pytest.mark.slow
+@pytest.mark.slurm
 def test_a_job_past_its_time_limit_stops_killed_with_its_groups_kept(slurm: SlurmCluster, tmp_path: Path, fixture_model: str) -> None:
     # Slurm sends USR2 signal_delay_s before the limit (up to a minute early). 3 s per request and
     # two groups in flight keep the job busy until then.
@@ -185,7 +185,7 @@ def test_a_job_past_its_time_limit_stops_killed_with_its_groups_kept(slurm: Slur
     assert 0 < len(list(read_groups(tmp_path / "sweep" / "0" / "groups.jsonl"))) < 500
 
 
-@pytest.mark.slow
+@pytest.mark.slurm
 def test_a_cancelled_job_stops_killed_and_the_launcher_says_so(slurm: SlurmCluster, tmp_path: Path, fixture_model: str) -> None:
     from experiments.bench import scripted_server
 

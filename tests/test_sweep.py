@@ -6,7 +6,6 @@ import csv
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from helpers import mlflow_serving
 from opd.sweep.state import SweepState, job_label, read_state, run_name, shared_server_for, swept_keys, write_state
 
 
@@ -284,12 +284,6 @@ def test_compare_prints_the_table_writes_csv_and_plot_and_logs_them(basic_sweep)
     assert logged == {"compare/compare.csv", "compare/compare.png"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _get(url: str, **query: str):
     with urllib.request.urlopen(f"{url}?{urllib.parse.urlencode(query)}" if query else url, timeout=30) as resp:
         return json.loads(resp.read())
@@ -305,22 +299,7 @@ def _post(url: str, body: dict):
 @pytest.mark.slow
 def test_a_real_mlflow_server_shows_the_sweep_as_the_ui_does(basic_sweep, tmp_path: Path) -> None:
     sweep_dir, uri = basic_sweep
-    port = _free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"), start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-2000:]
-                time.sleep(0.5)
+    with mlflow_serving(["server", "--backend-store-uri", uri, "--workers", "1"], tmp_path) as base:
         experiments = _post(f"{base}/api/2.0/mlflow/experiments/search", {"max_results": 100})["experiments"]
         ids = [e["experiment_id"] for e in experiments]
         runs = _post(f"{base}/api/2.0/mlflow/runs/search", {"experiment_ids": ids, "max_results": 100})["runs"]
@@ -338,9 +317,6 @@ def test_a_real_mlflow_server_shows_the_sweep_as_the_ui_does(basic_sweep, tmp_pa
             assert [m["step"] for m in history] == [1, 2]
             files = {f["path"] for f in _get(f"{base}/api/2.0/mlflow/artifacts/list", run_id=run_id, path="data")["files"]}
             assert files == {"data/groups.jsonl", "data/groups.html"}
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
 
 
 @pytest.mark.vllm
@@ -363,6 +339,7 @@ def test_joblib_sweep_in_separate_processes_fails_the_parent_when_a_job_fails(tm
     assert (sweep_dir / "0" / "groups.jsonl").exists() and (sweep_dir / "2" / "groups.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_tracking_cannot_work_stops_before_any_job(tmp_path: Path, fixture_model: str) -> None:
     # Hydra only warns when a callback raises and would run every job unlogged: the sweep stops first, in one line.
     proc, sweep_dir, _ = _sweep(tmp_path, fixture_model, "http://127.0.0.1:9/v1", ["env=inline_math", "seed=0,1", "tracking.uri=bogus-scheme://nowhere"])

@@ -43,6 +43,7 @@ def test_the_class_autotokenizer_picked_is_remembered_per_files(tmp_path: Path, 
     _same(again, auto)
 
 
+@pytest.mark.slow
 def test_changed_files_are_decided_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPD_CACHE_DIR", str(tmp_path / "cache"))
     model = tmp_path / "llama"
@@ -64,6 +65,7 @@ def test_a_hub_name_is_never_remembered(tmp_path: Path, monkeypatch: pytest.Monk
     assert not cache_file().exists()
 
 
+@pytest.mark.slow
 def test_building_an_environment_imports_neither_torch_nor_atroposlib_base(tmp_path: Path, fixture_model: str) -> None:
     """What a run does before its first request (config, data, tokenizer, the start-up check, the
     environment), in a fresh interpreter with the tokenizer's class remembered: no torch, no

@@ -7,18 +7,17 @@ from __future__ import annotations
 import http.server
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from conftest import ROOT, compose
+from helpers import free_port, mlflow_serving
 from opd.config import ConfigError, validate
 from opd.tracking.run import RunInfo, TrackingFailed, open_run
 from opd.tracking.store import artifact_location, check_store
@@ -62,6 +61,7 @@ def test_the_uri_alone_decides_where_artifacts_go(tmp_path: Path) -> None:
     assert artifact_location("postgresql://user@db/mlflow", "s3://bucket/runs") == "s3://bucket/runs"
 
 
+@pytest.mark.slow
 def test_a_run_on_another_sqlite_file_keeps_its_artifacts_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
@@ -80,6 +80,7 @@ def test_a_run_on_another_sqlite_file_keeps_its_artifacts_beside_it(tmp_path: Pa
     assert not (tmp_path / "cwd" / "outputs").exists() and not (tmp_path / "cwd" / "mlruns").exists()
 
 
+@pytest.mark.slow
 def test_an_explicit_artifact_root_still_wins(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with open_run(_tracking(f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path / 'chosen'}"), tmp_path, {}, _info()):
@@ -100,10 +101,6 @@ class _NotMlflow(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_bad_stores_are_refused_quickly_without_mlflow(tmp_path: Path) -> None:
@@ -114,7 +111,7 @@ def test_bad_stores_are_refused_quickly_without_mlflow(tmp_path: Path) -> None:
     try:
         cases = [
             (f"sqlite:///{not_a_db}", "tracking.uri: cannot open the MLflow store"),
-            (f"http://127.0.0.1:{_free_port()}", "tracking.uri: cannot reach the MLflow server"),
+            (f"http://127.0.0.1:{free_port()}", "tracking.uri: cannot reach the MLflow server"),
             (f"http://127.0.0.1:{server.server_port}", "answers, but not as an MLflow tracking server"),
         ]
         for uri, message in cases:
@@ -150,6 +147,7 @@ def test_nothing_is_sent_before_begin_and_everything_after(tmp_path: Path) -> No
     assert (tmp_path / "mlflow_run.json").exists() and not (tmp_path / "mlflow_process.pid").exists()  # ended: nothing to wait for
 
 
+@pytest.mark.slow
 def test_the_mlflow_run_keeps_the_runs_own_times_however_late_mlflow_opens_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The run started 30 s before it opened its MLflow run, logged two steps 1.5 s apart while
     MLflow was not even imported, and ended: the UI shows those times, not the tracking process's."""
@@ -206,6 +204,7 @@ def test_resume_does_not_wait_for_a_pid_that_is_no_longer_the_tracking_process(t
         assert time.monotonic() - started < 5
 
 
+@pytest.mark.slow
 def test_a_failing_block_ends_failed_and_ctrl_c_ends_killed(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with pytest.raises(ValueError):
@@ -220,6 +219,7 @@ def test_a_failing_block_ends_failed_and_ctrl_c_ends_killed(tmp_path: Path) -> N
     assert {r.info.run_name: r.info.status for r in runs} == {"failing": "FAILED", "killed": "KILLED"}
 
 
+@pytest.mark.slow
 def test_a_store_that_fails_after_the_check_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")  # the tracking process's directory too
@@ -237,6 +237,7 @@ def test_a_store_that_fails_after_the_check_fails_the_run(tmp_path: Path, monkey
     assert client.search_runs(["0"]) == [] and not (tmp_path / "cwd" / "mlruns").exists()
 
 
+@pytest.mark.slow
 def test_a_failed_call_fails_the_run_at_its_next_call(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with pytest.raises(TrackingFailed, match="log_artifact"):
@@ -246,6 +247,7 @@ def test_a_failed_call_fails_the_run_at_its_next_call(tmp_path: Path) -> None:
     assert run.info.status == "FAILED"
 
 
+@pytest.mark.slow
 def test_a_call_after_the_tracking_process_died_fails_at_once(tmp_path: Path) -> None:
     # Slurm's signals reach every process of a job: the tracking process may be gone before the
     # run's last calls (the sinks' uploads on the way out). Those must fail, not wait forever.
@@ -305,6 +307,7 @@ def test_a_call_cut_off_by_the_runs_death_ends_the_session_as_killed() -> None:
     assert serve(io.BytesIO(b""), None) is False
 
 
+@pytest.mark.slow
 def test_a_killed_runs_tracking_process_still_records_the_run_for_resume(tmp_path: Path) -> None:
     from opd.tracking.run import previous_run_id
 
@@ -324,33 +327,9 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     """A real `mlflow server` (sqlite backend, artifacts served from its own directory) on a free
     port; its URL and directory. Stopped (its whole process group) afterwards."""
     root = tmp_path_factory.mktemp("mlflow_server")
-    port = _free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    log = (root / "server.log").open("w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
-         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port), "--workers", "2"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, (root / "server.log").read_text()[-3000:]
-                time.sleep(0.5)
+    with mlflow_serving(["server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--artifacts-destination", str(root / "artifacts"),
+                         "--workers", "2"], root) as url:
         yield url, root
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
 
 
 @pytest.mark.slow

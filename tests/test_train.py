@@ -10,24 +10,17 @@ import pytest
 
 from conftest import compose
 from opd.config import validate
+from helpers import make_group, sequence
 from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, MASKED_LOGPROB
 
 torch = pytest.importorskip("torch")
 
 
-def sequence(prompt: list[int], generated: list[int], lp: float = -1.0) -> tuple[list[int], list[int], list[float]]:
-    return prompt + generated, [MASK] * len(prompt) + generated, [MASKED_LOGPROB] * len(prompt) + [lp] * len(generated)
-
-
 def recorded_group(scores: list[float], k: int = 3, teacher: bool = True) -> dict:
     """A group as opd_coding writes it: prompt, a sampled turn, teacher rows on part of it."""
-    group: dict = {"tokens": [], "masks": [], "inference_logprobs": [], "scores": scores, "overrides": [],
-                   "distill_token_ids": [], "distill_logprobs": [], "group_overrides": {"item_id": "x"}}
-    for i, _ in enumerate(scores):
-        tokens, masks, lps = sequence([5, 6, 7, 8], [20 + i, 21, 22, 23, 24])
-        group["tokens"].append(tokens)
-        group["masks"].append(masks)
-        group["inference_logprobs"].append(lps)
+    rollouts = [sequence([5, 6, 7, 8], [20 + i, 21, 22, 23, 24]) for i, _ in enumerate(scores)]
+    recorded = make_group(rollouts, scores, overrides=[], distill_token_ids=[], distill_logprobs=[], group_overrides={"item_id": "x"})
+    for tokens, _, _ in rollouts:
         rows = [[DISTILL_PAD_ID] * k for _ in tokens]
         row_lps = [[DISTILL_PAD_LOGPROB] * k for _ in tokens]
         teacher_lps: list = [None] * len(tokens)
@@ -36,10 +29,10 @@ def recorded_group(scores: list[float], k: int = 3, teacher: bool = True) -> dic
                 rows[p] = [tokens[p], 30, 31]
                 row_lps[p] = [-0.5, -2.0, -3.0]
                 teacher_lps[p] = -0.5
-        group["distill_token_ids"].append(rows)
-        group["distill_logprobs"].append(row_lps)
-        group["overrides"].append({"teacher_logprobs": teacher_lps})
-    return group
+        recorded["distill_token_ids"].append(rows)
+        recorded["distill_logprobs"].append(row_lps)
+        recorded["overrides"].append({"teacher_logprobs": teacher_lps})
+    return recorded
 
 
 def test_advantages_are_normalised_within_each_group_and_zero_when_all_equal() -> None:
@@ -93,8 +86,7 @@ def test_kl_to_sampler_estimates_kl_from_the_sampler_to_the_current_policy() -> 
     drawn = torch.multinomial(q, 20000, replacement=True, generator=generator).tolist()
     tokens, masks, lps = sequence([0], drawn)
     lps = [MASKED_LOGPROB] + [math.log(float(q[t])) for t in drawn]
-    group = {"tokens": [tokens], "masks": [masks], "inference_logprobs": [lps], "scores": [1.0], "overrides": [{}], "group_overrides": {"item_id": "x"}}
-    batch = make_batch([group])
+    batch = make_batch([make_group([(tokens, masks, lps)], [1.0], group_overrides={"item_id": "x"})])
     logits = p.log().expand(1, len(tokens), 4).clone()
     estimate = float(terms(logits, batch, 0.2).kl_to_sampler) / len(drawn)
     assert estimate == pytest.approx(float((q * (q / p).log()).sum()), abs=0.02)  # 0.446

@@ -248,6 +248,7 @@ def popup_rows(browser: Chromium) -> list[list[str]]:
     return browser.evaluate("[...document.querySelectorAll('#popup tbody tr')].map(tr => [...tr.children].map(td => td.textContent).concat([tr.className]))")
 
 
+@pytest.mark.browser
 @needs_chromium
 def test_the_page_in_chromium_index_rollout_tokens_and_top_k(records, tokenizer, tmp_path) -> None:
     html_path = write_viewer(records, tokenizer, tmp_path / "groups.html")
@@ -327,6 +328,7 @@ def test_the_page_in_chromium_index_rollout_tokens_and_top_k(records, tokenizer,
         assert browser.page_errors == []
 
 
+@pytest.mark.browser
 @needs_chromium
 def test_a_link_opens_the_group_rollout_and_token_it_names(records, tokenizer, tmp_path) -> None:
     html_path = write_viewer(records, tokenizer, tmp_path / "groups.html")
@@ -361,6 +363,7 @@ def open_rollout(browser, g: int) -> dict[str, Any]:
     return browser.evaluate(GROUP_CONTROLS)
 
 
+@pytest.mark.browser
 @needs_chromium
 def test_opd_controls_show_only_where_a_group_has_opd_data(records, tokenizer, tmp_path) -> None:
     """An inline_math page has no hints, teachers or advantages to show: no such controls. On a

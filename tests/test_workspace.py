@@ -54,6 +54,7 @@ def test_terminal_runs_in_the_workspace_with_exit_code_and_truncation(workspace:
     assert "truncated at 300" in out and out.endswith("[exit code 0]")
 
 
+@pytest.mark.slow
 def test_terminal_timeout_is_reported(workspace: Workspace) -> None:
     slow = Workspace(sandbox_limits(timeout_s=1))
     try:
