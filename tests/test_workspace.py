@@ -72,6 +72,10 @@ def test_the_toolbox_turns_bad_calls_into_results(workspace: Workspace) -> None:
     missing = run("write_file", {"path": "a.py"})
     assert (missing.status, missing.ran, missing.as_text()) == ("malformed", False, 'error: write_file needs a "content" string')
     assert run("terminal", {"command": 3}).status == "malformed"
+    # A NUL byte cannot be in an argv: an error result, not a ValueError out of the tool (a fuzz find).
+    for command in ("\x00", "echo a\x00b"):
+        nul = run("terminal", {"command": command})
+        assert (nul.status, nul.as_text()) == ("error", "error: command contains a NUL byte")
     unknown = run("rm_rf", {})
     assert unknown.status == "malformed" and unknown.as_text() == "error: unknown tool 'rm_rf'; available: write_file, read_file, terminal, patch"
     too_big = run("write_file", {"path": "big.txt", "content": "x" * 2000})

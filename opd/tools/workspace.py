@@ -195,6 +195,8 @@ class Workspace:
     async def terminal(self, command: str) -> str:
         if not command.strip():
             raise ToolError("command must be a non-empty string")
+        if "\x00" in command:  # no argv can hold one: exec would refuse it (ValueError) before the jail
+            raise ToolError("command contains a NUL byte")
         if self.over_quota:
             raise ToolError(f"the workspace went over its {self.limits.workspace_mb} MiB quota; its files were removed")
         result = await run_command(["/bin/bash", "-c", command], self.root, self.limits, self.lease.uid)
