@@ -134,8 +134,6 @@ def terms(logits: torch.Tensor, batch: Batch, clip: float, opd_clamp: float | No
     x = LossInputs(new_lp, logsm, batch, clip, opd_clamp)
     losses = {name: LOSS_TERMS[name](x) for name in (names if names is not None else LOSS_TERMS)}
     trained = batch.trained
-    advantage = batch.advantages.unsqueeze(-1).expand_as(new_lp)
-    _, clipped = _surrogate(new_lp.detach(), batch.old_logprobs, advantage, trained, clip)
     # k3 estimate of KL(sampler || current) on trained tokens, which the sampler drew: with
     # r = current / sampler, E_sampler[r - 1 - log r] = KL(sampler || current). How far the policy moved.
     log_ratio = torch.where(trained, new_lp - batch.old_logprobs, torch.zeros_like(new_lp)).detach()
@@ -143,6 +141,7 @@ def terms(logits: torch.Tensor, batch: Batch, clip: float, opd_clamp: float | No
     opd_where, opd_adv, raw_adv = _opd_advantages(x)
     opd_clamped = ((opd_adv != raw_adv) & opd_where).sum().float()
     ratio = torch.exp(log_ratio)
+    clipped = (((ratio < 1 - clip) | (ratio > 1 + clip)) & trained).sum()  # as _surrogate counts them, without a second surrogate
     empty = not bool(trained.any())
     ratio_max = torch.zeros(()) if empty else ratio[trained].max()
     ratio_min = torch.zeros(()) if empty else ratio[trained].min()
