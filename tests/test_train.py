@@ -221,6 +221,11 @@ def test_the_opd_advantage_is_clamped_and_counted() -> None:
     logits = torch.zeros(2, 9, 64)
     free, bounded = terms(logits, batch, 0.2, None), terms(logits, batch, 0.2, 5.0)
     assert float(bounded.opd_clamped) == 2 and float(free.opd_clamped) == 0
+    # Ratio 1 everywhere: nothing clipped; the sampler 1 nat less likely everywhere (ratio e): all clipped.
+    assert float(free.clipped) == 0
+    for lps in group["inference_logprobs"]:
+        lps[4:] = [uniform - 1.0] * 5
+    assert float(terms(logits, make_batch([group]), 0.2).clipped) == float(make_batch([group]).trained.sum())
     # At ratio 1 the surrogate is -advantage per token: 9 - 2 unbounded, 5 - 2 clamped, per sequence.
     assert float(free.losses["opd_advantage"]) == pytest.approx(2 * (9.0 - 2.0), rel=1e-5)
     assert float(bounded.losses["opd_advantage"]) == pytest.approx(2 * (5.0 - 2.0), rel=1e-5)
