@@ -60,7 +60,7 @@ def _number(text: Any) -> float | None:
 def locate(target: str, tracking_uri: str) -> tuple[str, str]:
     """(parent run id, tracking URI) from a sweep dir (its opd_sweep.json) or a run id."""
     from opd.sweep.state import read_state
-    from opd.tracking.run import absolute_tracking_uri
+    from opd.tracking.mlflow_run import absolute_tracking_uri
 
     path = Path(target)
     if path.is_dir():

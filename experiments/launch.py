@@ -1,7 +1,7 @@
 """Entry point: `python -m experiments.launch env=inline_math total_steps=3 ...` (Hydra).
 
 compose (Hydra) -> validate (errors name the key, before any server starts) -> run the experiment
-(`opd.run`: data, MLflow run, servers, environment, sinks) -> return the objective to the sweeper.
+(`opd.experiment`: data, MLflow run, servers, environment, sinks) -> return the objective to the sweeper.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _run_failures() -> tuple[type[BaseException], ...]:
     from opd.serving.watch import ServerLost
     from opd.sinks.atropos import TrainerAPIError
     from opd.sweep.slurm import StoppedBySlurm
-    from opd.tracking.run import TrackingFailed
+    from opd.tracking.mlflow_run import TrackingFailed
 
     return (ServerLost, ServerStartError, TooManyFailures, TooManyDropped, TrackingFailed, TrainerAPIError, StoppedBySlurm)
 
@@ -42,7 +42,7 @@ def launch(cfg: DictConfig) -> float:
     """Run one experiment from a composed config; return its objective."""
     from hydra.core.hydra_config import HydraConfig
 
-    from opd.run import run_experiment
+    from opd.experiment import run_experiment
     from opd.sweep.slurm import stopped_by_slurm
     from opd.sweep.state import current_job
 

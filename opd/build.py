@@ -10,11 +10,11 @@ from typing import Any, Iterator
 
 from opd.config import Config, ConfigError
 from opd.data.sources import TaskSet
-from opd.envs.base import OPDBaseEnv
+from opd.envs.base import RolloutEnv
 from opd.serving.pool import ServerPool
 from opd.serving.watch import ServerWatch
 from opd.sinks.base import Sink
-from opd.tracking.run import Tracker
+from opd.tracking.mlflow_run import Tracker
 from opd.tracking.traces import Tracer
 
 logger = logging.getLogger(__name__)
@@ -196,27 +196,27 @@ def environment_arguments(cfg: Config, data: TaskSet, model: str, pool: ServerPo
     return spec_of(cfg.env).constructor_arguments(cfg, common, judge)
 
 
-def environment_class(cfg: Config) -> type[OPDBaseEnv]:
+def environment_class(cfg: Config) -> type[RolloutEnv]:
     """The configured environment's class (opd.envs.registry)."""
     from opd.envs.registry import spec_of
 
     return spec_of(cfg.env).environment_class()
 
 
-def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None) -> OPDBaseEnv:
+def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None) -> RolloutEnv:
     """The configured environment over `pool` (and `judge`, judge=server's own pool)."""
     args, kwargs = environment_arguments(cfg, data, model, pool, tracer, judge)
     return environment_class(cfg)(*args, **kwargs)
 
 
-def evaluator(cfg: Config, env: OPDBaseEnv, concurrency: int, tracker: Tracker | None) -> Any:
+def evaluator(cfg: Config, env: RolloutEnv, concurrency: int, tracker: Tracker | None) -> Any:
     """Evaluation of the held-out split (mode=evaluate runs it alone)."""
     from opd.sinks.evaluation import Evaluator
 
     return Evaluator(env, cfg.eval, concurrency, Path(cfg.output_dir), tracker)
 
 
-def sinks(cfg: Config, env: OPDBaseEnv, model: str, base_urls: list[str], tracker: Tracker | None, concurrency: int) -> list[Sink]:
+def sinks(cfg: Config, env: RolloutEnv, model: str, base_urls: list[str], tracker: Tracker | None, concurrency: int) -> list[Sink]:
     """Where groups go, in order: the JSONL file, then each sink `cfg.sinks` names that the run
     uses (opd.sinks.registry)."""
     from opd.sinks.registry import SinkContext, build_sinks

@@ -95,7 +95,7 @@ def test_the_console_keeps_our_lines_and_everyones_warnings() -> None:
         made.__dict__.update(extra)
         return made
 
-    assert keep.filter(record("opd.run", logging.INFO)) and keep.filter(record("experiments.launch", logging.INFO))
+    assert keep.filter(record("opd.experiment", logging.INFO)) and keep.filter(record("experiments.launch", logging.INFO))
     assert not keep.filter(record("vllm.triton_utils.importing", logging.INFO))
     assert not keep.filter(record("mlflow.process", logging.INFO)) and keep.filter(record("mlflow.process", logging.WARNING))
-    assert not keep.filter(record("opd.run", logging.INFO, file_only=True))
+    assert not keep.filter(record("opd.experiment", logging.INFO, file_only=True))

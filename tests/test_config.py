@@ -190,7 +190,7 @@ def test_experiment_presets_compose_and_validate(preset: str) -> None:
     elif preset.startswith("closed_loop"):
         # A closed loop trains and evaluates after every trainer step; its objective is held-out accuracy.
         assert typed.trainer.kind == "local" and typed.eval.every == typed.trainer.batch_groups and not params
-        from opd.run import default_objective
+        from opd.experiment import default_objective
 
         assert default_objective(typed) == "summary/final_sampled_accuracy"
     else:
@@ -200,7 +200,7 @@ def test_experiment_presets_compose_and_validate(preset: str) -> None:
             assert hasattr(typed.reward.weights, key.rsplit(".", 1)[1])
     if preset == "optuna_rewards":
         # The run's default objective: the written groups' accuracy, held-out accuracy with evaluation.
-        from opd.run import default_objective
+        from opd.experiment import default_objective
 
         assert typed.sweep.objective is None and default_objective(typed) == "accuracy"
         with_eval = validate(compose(["experiment=optuna_rewards", "trainer=local", "eval.every=4"]))

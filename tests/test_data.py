@@ -131,7 +131,7 @@ def run_all(cases: list[tuple[dict, str]], at_once: int = 4) -> list[str]:
 
 
 @pytest.mark.slow
-def test_builtin_coding_tasks_are_solvable_and_their_tests_bite() -> None:
+def test_builtin_coding_builtin_are_solvable_and_their_tests_bite() -> None:
     from opd.data.coding_sets import load_coding
 
     data = load_coding(dataset_cfg(["env=opd_coding"]))
@@ -154,7 +154,7 @@ def test_humaneval_comes_from_the_installed_package() -> None:
         assert run_tests(task, task["solution"]).endswith("[exit code 0]"), task["id"]
 
 
-def test_local_coding_tasks_with_field_mapping(tmp_path) -> None:
+def test_local_coding_builtin_with_field_mapping(tmp_path) -> None:
     from opd.data.coding_sets import load_coding
 
     path = tmp_path / "tasks.jsonl"

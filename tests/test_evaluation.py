@@ -1,4 +1,4 @@
-"""Evaluation (opd/sinks/evaluation.py, OPDBaseEnv.evaluate): seeded requests, per-kind rates, the
+"""Evaluation (opd/sinks/evaluation.py, RolloutEnv.evaluate): seeded requests, per-kind rates, the
 paired comparison of two evaluations. With a scripted server; the real one is in test_closed_loop.py."""
 
 from __future__ import annotations

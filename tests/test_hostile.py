@@ -277,7 +277,7 @@ def test_the_tests_still_get_the_solutions_functions_by_star_or_by_name() -> Non
 
 @pytest.mark.slow
 def test_humaneval_helpers_come_from_the_prompt_not_from_the_solution() -> None:
-    from opd.data.coding_tasks import humaneval_tasks
+    from opd.data.humaneval import humaneval_tasks
 
     tasks = {t["id"]: t for t in humaneval_tasks()}
     assert not any("import *" in t["test_code"] for t in tasks.values())
@@ -1000,7 +1000,7 @@ SECRETS = {
 def test_secrets_in_the_config_never_reach_mlflow(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
-    from opd.tracking.run import DatasetRef, RunInfo, open_run
+    from opd.tracking.mlflow_run import DatasetRef, RunInfo, open_run
 
     cfg = validate(compose([
         "env=opd_coding", "judge=server", "judge.model=judge", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "tracking.experiment=secrets",
@@ -1056,13 +1056,13 @@ TYPED = [
 def test_secrets_typed_on_the_command_line_never_reach_mlflow(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
-    from opd.tracking.run import RunInfo, open_run, run_title, source_tags
+    from opd.tracking.mlflow_run import RunInfo, open_run, run_title, source_tags
     from opd.tracking.secrets import mask_overrides
 
     cfg = validate(compose(["env=opd_coding", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "tracking.experiment=typed"]))
     resolved = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     argv = [str(ROOT / "experiments" / "launch.py"), *TYPED]
-    # What opd.run makes of the command line for a run, and the sweep callback for a sweep's parent.
+    # What opd.experiment makes of the command line for a run, and the sweep callback for a sweep's parent.
     info = RunInfo(run_title("opd_coding", "fixture", TYPED), None, None, {}, {}, None, source=source_tags(argv))
     parent = {"name": "sweep " + run_title("opd_coding", "fixture", TYPED), "opd.overrides": " ".join(mask_overrides(TYPED)), **source_tags(argv)}
     with open_run(cfg.tracking, tmp_path, resolved, info):

@@ -17,15 +17,15 @@ LAYERS = [
     ["opd.rewards", "opd.agent"],
     ["opd.distill"],
     ["opd.envs"],
-    ["opd.tracking.session", "opd.tracking.run"],
+    ["opd.tracking.session", "opd.tracking.mlflow_run"],
     ["opd.sinks"],
     ["opd.runner"],
     ["opd.sweep.state", "opd.sweep.progress", "opd.fixture"],
     ["opd.build"],
     ["opd.distributed"],
-    ["opd.run", "opd.atropos"],
+    ["opd.experiment", "opd.atropos"],
     ["opd.sweep.callback"],
-    ["opd.bench", "experiments"],
+    ["experiments"],
 ]
 
 

@@ -5,7 +5,7 @@ blocks, and inline commands that start with `python -m`, `mlflow` or `scripts/`)
 check in `CHECKS` below and each check a command in one of them. What a check does depends on what this machine allows:
 - `run`: run as a user would (`python -m ...` from the project root), placeholders such as
   `outputs/runs/...` filled in, everything written under a temporary `output_root`, against the
-  scripted OpenAI/vLLM-compatible server (`server=vllm`, opd/bench/scripted_server.py) with small
+  scripted OpenAI/vLLM-compatible server (`server=vllm`, opd/serving/scripted_server.py) with small
   overrides where the command is long (fewer steps);
 - `fails`: a command for machines this one cannot reach (`gpu-host`): it fails within seconds,
   with one line naming the key;

@@ -68,7 +68,7 @@ def test_a_weight_without_its_signal_fails_before_any_server_starts(monkeypatch:
     """Adding a signal means adding its weight: the run stops at the preflight, naming
     reward.weights, instead of after vLLM's start-up when the environment is built."""
     from opd.config import ConfigError
-    from opd.run import run_experiment
+    from opd.experiment import run_experiment
     from opd.serving import local_vllm
 
     grown: Signals[math.MathOutcome] = Signals()

@@ -1,4 +1,4 @@
-"""What one run says about itself (opd/run.py): the model in its name and the table it ends with."""
+"""What one run says about itself (opd/experiment.py): the model in its name and the table it ends with."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conftest import ROOT, compose
 from opd.config import validate
-from opd.run import model_label, summary_table
+from opd.experiment import model_label, summary_table
 
 
 def test_a_run_with_a_model_path_is_named_by_its_preset_or_checkpoint() -> None:

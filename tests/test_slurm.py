@@ -1,7 +1,7 @@
 """hydra/launcher=slurm for real: a reward-weight sweep submitted to a single-node Slurm cluster
 started on this machine (tests/slurm_cluster.py), found in MLflow and compared.
 
-The jobs run against the scripted server (opd/bench/scripted_server.py): what is under test is the
+The jobs run against the scripted server (opd/serving/scripted_server.py): what is under test is the
 way there (sbatch, array tasks, submitit's job folders, the venv's python on the node, the sweep
 state read from the sweep dir, the MLflow nesting), not inference. A job past its time limit and
 a cancelled job stop as opd/sweep/slurm.py promises: run KILLED, parent FAILED, the signal named.

@@ -75,7 +75,7 @@ def test_building_an_environment_imports_neither_torch_nor_atroposlib_base(tmp_p
 import sys
 import opd.envs.base
 opd.envs.base.TurnParser = lambda *args: None
-import opd.run
+import opd.experiment
 from opd import build
 from opd.config import compose, validate
 from opd.tracking.traces import Tracer

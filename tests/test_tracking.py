@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, compose
 from helpers import free_port, mlflow_serving
 from opd.config import ConfigError, validate
-from opd.tracking.run import RunInfo, TrackingFailed, open_run
+from opd.tracking.mlflow_run import RunInfo, TrackingFailed, open_run
 from opd.tracking.store import artifact_location, check_store
 
 FIXTURE = ROOT / "opd" / "fixture" / "model"
@@ -181,7 +181,7 @@ def test_the_mlflow_run_keeps_the_runs_own_times_however_late_mlflow_opens_it(tm
 
 
 def test_runs_are_named_from_what_was_asked_and_secrets_stay_out() -> None:
-    from opd.tracking.run import run_title, source_tags
+    from opd.tracking.mlflow_run import run_title, source_tags
 
     asked = ["env=opd_coding", "distill_topk=20", "server=vllm", "server.base_urls=[http://h:8000/v1]", "server.api_key=hunter2",
              "tracking.uri=sqlite:///x.db", "hydra.run.dir=/r", "output_root=/o", "+reward.weights.correctness=0.5"]
@@ -194,7 +194,7 @@ def test_runs_are_named_from_what_was_asked_and_secrets_stay_out() -> None:
 
 
 def test_resume_does_not_wait_for_a_pid_that_is_no_longer_the_tracking_process(tmp_path: Path) -> None:
-    from opd.tracking.run import previous_run_id
+    from opd.tracking.mlflow_run import previous_run_id
 
     (tmp_path / "mlflow_run.json").write_text('{"run_id": "abc"}')
     for stale in (str(os.getpid()), "999999999", "not a pid", ""):  # reused by another program, gone, garbage
@@ -280,7 +280,7 @@ KILLED_RUN = """
 import os, signal, sys, time
 from pathlib import Path
 from opd.config import compose, validate
-from opd.tracking.run import RunInfo, open_run
+from opd.tracking.mlflow_run import RunInfo, open_run
 
 out = Path(sys.argv[1])
 tracking = validate(compose([f"output_dir={out}", f"tracking.uri=sqlite:///{out}/mlflow.db", "tracking.experiment=tracking_test"])).tracking
@@ -309,7 +309,7 @@ def test_a_call_cut_off_by_the_runs_death_ends_the_session_as_killed() -> None:
 
 @pytest.mark.slow
 def test_a_killed_runs_tracking_process_still_records_the_run_for_resume(tmp_path: Path) -> None:
-    from opd.tracking.run import previous_run_id
+    from opd.tracking.mlflow_run import previous_run_id
 
     proc = subprocess.run([sys.executable, "-c", KILLED_RUN, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]

@@ -40,7 +40,7 @@ BENCHES: dict[str, Callable[..., Iterator[dict[str, Any]]]] = {
 
 
 def _context() -> dict[str, str]:
-    from opd.tracking.run import git_commit
+    from opd.tracking.mlflow_run import git_commit
 
     return {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "git_commit": git_commit(ROOT)[:12], "host": platform.node(), "cpus": str(os.cpu_count())}
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     context = {**_context(), **({"overrides": " ".join(args.set)} if args.set else {})}
     if args.name == "startup" and args.root.resolve() != ROOT:
-        from opd.tracking.run import git_commit
+        from opd.tracking.mlflow_run import git_commit
 
         context["timed_commit"] = git_commit(args.root)[:12]
     benches = {**BENCHES, "compare": bench_compare}

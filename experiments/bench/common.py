@@ -38,7 +38,7 @@ def median(values: list[float]) -> float:
 
 @contextlib.contextmanager
 def scripted_server(latency_s: float, fail_every: int = 0) -> Iterator[str]:
-    """The scripted server (opd/bench/scripted_server.py) in its own process; yields its /v1 URL."""
+    """The scripted server (opd/serving/scripted_server.py) in its own process; yields its /v1 URL."""
     from opd.fixture.build import ensure_fixture
     from opd.serving.local_vllm import free_port
     from opd.serving.watch import healthy
@@ -47,7 +47,7 @@ def scripted_server(latency_s: float, fail_every: int = 0) -> Iterator[str]:
     # Its log goes to a file: a pipe nobody reads while it runs would fill and stall the server.
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "opd.bench.scripted_server", "--port", str(port), "--latency", str(latency_s), "--tokenizer", str(ensure_fixture()),
+        [sys.executable, "-m", "opd.serving.scripted_server", "--port", str(port), "--latency", str(latency_s), "--tokenizer", str(ensure_fixture()),
          "--fail-every", str(fail_every)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
     )

@@ -37,7 +37,7 @@ def bench_compare(repeats: int, root: Path, latencies: tuple[float, ...] = (0.1,
     """Per point: this checkout's and `root`'s rollouts/s, fraction of ideal and of the bare
     client (medians of `repeats` runs each), and `ratio` = this / other rollouts/s (median of the
     pairs of runs next to each other, with each pair's value in `ratio_runs`)."""
-    from opd.tracking.run import git_commit
+    from opd.tracking.mlflow_run import git_commit
 
     for latency_s in latencies:
         for limit in limits:

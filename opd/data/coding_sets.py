@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from opd.config import DatasetConfig
-from opd.data import coding_tasks
+from opd.data import coding_builtin, humaneval
 from opd.data.sources import TaskSet, mapped_rows, split
 
 
 def load_coding(cfg: DatasetConfig) -> TaskSet:
     if cfg.source in ("builtin", "humaneval"):
-        tasks = coding_tasks.builtin_tasks() if cfg.source == "builtin" else coding_tasks.humaneval_tasks()
+        tasks = coding_builtin.builtin_tasks() if cfg.source == "builtin" else humaneval.humaneval_tasks()
         return split(cfg, tasks[: cfg.max_rows], "builtin:coding" if cfg.source == "builtin" else "humaneval")
 
     def convert(index: int, record: dict[str, Any]) -> dict[str, str] | None:

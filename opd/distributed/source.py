@@ -26,7 +26,7 @@ from typing import Any, Iterator
 from opd import latency
 from opd.config import Config
 from opd.data.sources import TaskSet
-from opd.envs.base import OPDBaseEnv
+from opd.envs.base import RolloutEnv
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Worker:
 class WorkerSource:
     """A `GroupSource` over `workers`; items, metrics and weight versions from `env` (the driver's)."""
 
-    def __init__(self, env: OPDBaseEnv, workers: list[Worker], restart_timeout_s: float = 600.0) -> None:
+    def __init__(self, env: RolloutEnv, workers: list[Worker], restart_timeout_s: float = 600.0) -> None:
         self.env = env
         self.workers = workers
         # How long a restarting worker may stay unavailable before it counts as gone (a restart

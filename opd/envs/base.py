@@ -81,7 +81,7 @@ class EvalReport:
     samples: list[dict[str, Any]]
 
 
-class OPDBaseEnv:
+class RolloutEnv:
     """An environment over a `ServerPool`; see the module docstring."""
 
     # reward config -> the rubric that owns the whole score (signals, weights, penalty, clamp, pass rule).

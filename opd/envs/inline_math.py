@@ -27,7 +27,7 @@ from opd.agent.chat_tokens import holds_added_token
 from opd.agent.tool_calls import ToolCallError, run_parsed_call
 from opd.config import InlineMathEnvConfig, InlineMathRewardConfig
 from opd.envs import math_prompt
-from opd.envs.base import ItemResult, OPDBaseEnv
+from opd.envs.base import ItemResult, RolloutEnv
 from opd.records import Sequence
 from opd.rewards import math as rewards
 from opd.rewards.rubric import Scored
@@ -59,7 +59,7 @@ class Rollout:
     inserted_control_text: bool = False  # a tool's output held a control token's text (never a few-shot)
 
 
-class InlineMathEnv(OPDBaseEnv):
+class InlineMathEnv(RolloutEnv):
     """The inline_math environment (see module docstring)."""
 
     name = "inline_math"

@@ -21,7 +21,7 @@ from opd.agent.loop import AgentLimits, AgentRollout, run_agent
 from opd.config import ConfigError, JudgeConfig, OPDCodingEnvConfig, OPDCodingRewardConfig
 from opd.distill.pipeline import FailureLog, apply_opd
 from opd.envs import coding_prompt
-from opd.envs.base import ItemResult, OPDBaseEnv
+from opd.envs.base import ItemResult, RolloutEnv
 from opd.records import MASK
 from opd.rewards import coding as rewards
 from opd.rewards.rubric import Scored
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from atroposlib.envs.base import ScoredDataGroup
 
 
-class OPDCodingEnv(OPDBaseEnv):
+class OPDCodingEnv(RolloutEnv):
     """The opd_coding environment (see module docstring)."""
 
     name = "opd_coding"

@@ -16,7 +16,7 @@ from opd.config import Config, ConfigError, load_object
 
 if TYPE_CHECKING:
     from opd.data.sources import TaskSet
-    from opd.envs.base import OPDBaseEnv
+    from opd.envs.base import RolloutEnv
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class EnvSpec:
     constructor takes beyond the arguments every environment gets."""
 
     name: str
-    # "package.module:Class", a subclass of opd.envs.base.OPDBaseEnv (imported when it is built).
+    # "package.module:Class", a subclass of opd.envs.base.RolloutEnv (imported when it is built).
     env_class: str
     # (the run's config) -> TaskSet: the train and held-out items.
     load_data: Callable[[Config], "TaskSet"]
@@ -36,7 +36,7 @@ class EnvSpec:
     # constructor; None: (cfg.env, cfg.reward) and the common ones.
     arguments: Callable[[Config, dict[str, Any], Any], tuple[tuple, dict[str, Any]]] | None = None
 
-    def environment_class(self) -> type[OPDBaseEnv]:
+    def environment_class(self) -> type[RolloutEnv]:
         return load_object(self.env_class, "env.spec")
 
     def constructor_arguments(self, cfg: Config, common: dict[str, Any], judge: Any = None) -> tuple[tuple, dict[str, Any]]:

@@ -3,7 +3,7 @@
 
 Each evaluation runs one greedy rollout per item (`env.eval_temperature`) and
 `eval.samples_per_item` sampled ones (`eval.temperature`), every request seeded from `eval.seed`,
-the item and the sample (`OPDBaseEnv.evaluate`): evaluations of the same weights draw the same
+the item and the sample (`RolloutEnv.evaluate`): evaluations of the same weights draw the same
 random stream, so the first and the last evaluation of a run, or two jobs' evaluations, are
 compared on the same draws. It records:
 - `eval/*` metrics at the step (groups written so far): accuracy (greedy), sampled accuracy,
@@ -27,15 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from opd.config import EvalConfig
-from opd.envs.base import EvalReport, OPDBaseEnv
+from opd.envs.base import EvalReport, RolloutEnv
 from opd.sinks.base import Sink, Written
-from opd.tracking.run import Tracker
+from opd.tracking.mlflow_run import Tracker
 
 logger = logging.getLogger(__name__)
 
 
 class Evaluator(Sink):
-    def __init__(self, env: OPDBaseEnv, cfg: EvalConfig, concurrency: int, out_dir: Path, tracker: Tracker | None) -> None:
+    def __init__(self, env: RolloutEnv, cfg: EvalConfig, concurrency: int, out_dir: Path, tracker: Tracker | None) -> None:
         self.env, self.cfg, self.concurrency, self.out_dir, self.tracker = env, cfg, concurrency, out_dir, tracker
         self.first: dict[str, float] = {}
         self.last: dict[str, float] = {}

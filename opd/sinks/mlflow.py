@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from opd.sinks.base import Sink, Written
-from opd.tracking.run import Tracker
+from opd.tracking.mlflow_run import Tracker
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from opd.config import Config, ConfigError, load_object
 from opd.sinks.base import Sink
 
 if TYPE_CHECKING:
-    from opd.envs.base import OPDBaseEnv
-    from opd.tracking.run import Tracker
+    from opd.envs.base import RolloutEnv
+    from opd.tracking.mlflow_run import Tracker
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class SinkContext:
     the MLflow tracker (None: not tracking), the rollouts in flight and the run's directory."""
 
     cfg: Config
-    env: OPDBaseEnv
+    env: RolloutEnv
     model: str
     base_urls: list[str]
     tracker: Tracker | None

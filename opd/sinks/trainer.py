@@ -23,7 +23,7 @@ from typing import Any
 
 from opd.config import LocalTrainerConfig
 from opd.sinks.base import Sink, Written
-from opd.tracking.run import Tracker
+from opd.tracking.mlflow_run import Tracker
 from opd.train.refresh import refresh
 from opd.train.refresh_check import RefreshCheck
 

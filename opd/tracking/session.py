@@ -1,6 +1,6 @@
 """The MLflow side of a run, in a process of its own: `python -m opd.tracking.session`.
 
-A run's `Tracker` (`opd.tracking.run`) starts this process and sends it calls; here they are
+A run's `Tracker` (`opd.tracking.mlflow_run`) starts this process and sends it calls; here they are
 made with MLflow, one at a time in the order sent, and each is answered. Importing MLflow and
 opening a store take seconds of CPU; in this process they take none from the run's event loop
 (a thread would share its interpreter lock). Protocol: pickled `(name, args)` on stdin, a pickled

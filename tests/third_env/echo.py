@@ -16,7 +16,7 @@ from omegaconf import MISSING
 
 from opd.config import Config, EnvConfig
 from opd.data.sources import TaskSet
-from opd.envs.base import ItemResult, OPDBaseEnv
+from opd.envs.base import ItemResult, RolloutEnv
 from opd.envs.registry import EnvSpec
 from opd.records import Sequence
 from opd.rewards.rubric import PassRule, Rubric, Signals
@@ -63,7 +63,7 @@ def load_data(cfg: Config) -> TaskSet:
     return TaskSet(items[4:], items[:4], "echo:24")
 
 
-class EchoEnv(OPDBaseEnv):
+class EchoEnv(RolloutEnv):
     name = "echo"
     build_rubric = staticmethod(rubric)
 

@@ -1,6 +1,6 @@
 """A scripted OpenAI/vLLM-compatible server on loopback with a fixed latency per request (no model).
 
-`python -m opd.bench.scripted_server --port P --latency 0.1 --tokenizer DIR` serves:
+`python -m opd.serving.scripted_server --port P --latency 0.1 --tokenizer DIR` serves:
 - `POST /v1/completions`: generation from token ids (a fixed answer, or for a coding agent a tool
   call per turn) with `token_ids` + logprobs, or prompt-logprob scoring (`prompt_logprobs: K`);
 - `POST /v1/chat/completions`: `n` judge votes, each a positive verdict with a hint;

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from opd import build
 from opd.config import Config, ConfigError
 from opd.data.sources import TaskSet
-from opd.envs.base import OPDBaseEnv
+from opd.envs.base import RolloutEnv
 from opd.event_loop import run_loop
 from opd.runner import Runner, RunnerLimits, RunStats
 from opd.serving.watch import ServerWatch
@@ -34,7 +34,7 @@ from opd.sinks.base import Sink
 from opd.sweep.progress import SUMMARY_FILE, job_line
 from opd.sweep.state import SweepJob, run_name, shared_server_for
 from opd.tracking.store import absolute_tracking_uri
-from opd.tracking.run import DatasetRef, RunInfo, Tracker, open_run, previous_run_id, run_title, source_tags
+from opd.tracking.mlflow_run import DatasetRef, RunInfo, Tracker, open_run, previous_run_id, run_title, source_tags
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ def summary_table(cfg: Config, report: dict[str, Any]) -> str:
     return "\n".join(["finished:"] + [f"  {name.ljust(width)}  {value}" for name, value in rows])
 
 
-async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: ServerWatch, groups: int, kept: list[dict[str, Any]],
+async def _generate(cfg: Config, env: RolloutEnv, sinks: list[Sink], watch: ServerWatch, groups: int, kept: list[dict[str, Any]],
                     workers: list[Any] | None = None, progress: bool = True) -> tuple[RunStats, dict[str, float]]:
     """Open the sinks, run the generation loop (on `workers` when given), close everything (sinks
     learn the final status); the runner's statistics and the workers' `summary/*`."""
@@ -240,7 +240,7 @@ async def _generate(cfg: Config, env: OPDBaseEnv, sinks: list[Sink], watch: Serv
             raise
 
 
-async def _evaluate(env: OPDBaseEnv, watch: ServerWatch, evaluator: Any) -> dict[str, float]:
+async def _evaluate(env: RolloutEnv, watch: ServerWatch, evaluator: Any) -> dict[str, float]:
     """mode=evaluate: one evaluation, recorded at step 0; its metrics are the summary."""
     try:
         await watch.check()
@@ -250,7 +250,7 @@ async def _evaluate(env: OPDBaseEnv, watch: ServerWatch, evaluator: Any) -> dict
         await env.close()
 
 
-def summarize(stats: RunStats, sinks: list[Sink], env: OPDBaseEnv, watch: ServerWatch) -> dict[str, float]:
+def summarize(stats: RunStats, sinks: list[Sink], env: RolloutEnv, watch: ServerWatch) -> dict[str, float]:
     """The run's `summary/*` metrics: the runner's counts, each sink's, the servers'."""
     rewards = stats.history.get("reward/mean", [])
     summary = {
