@@ -228,9 +228,16 @@ def test_the_schema_has_no_defaults_the_yaml_is_the_one_source() -> None:
 
     from omegaconf import MISSING
 
+    import importlib
+    import pkgutil
+
     from opd import config
 
-    with_defaults = [f"{cls.__name__}.{f.name}" for cls in vars(config).values() if dataclasses.is_dataclass(cls) and isinstance(cls, type)
+    modules = [importlib.import_module(f"opd.config.{m.name}") for m in pkgutil.iter_modules(config.__path__)]
+    schemas = {cls for module in modules for cls in vars(module).values() if dataclasses.is_dataclass(cls) and isinstance(cls, type)
+               and cls.__module__.startswith("opd.config.") and cls.__name__ != "Check"}
+    assert len(schemas) >= 30 and {cls.__name__ for cls in schemas} <= set(config.__all__)  # every schema importable from opd.config
+    with_defaults = [f"{cls.__name__}.{f.name}" for cls in schemas
                      for f in dataclasses.fields(cls) if f.default is not MISSING or f.default_factory is not dataclasses.MISSING]
     assert with_defaults == []
 
