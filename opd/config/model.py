@@ -63,7 +63,7 @@ class ModelConfig:
     required_tokens: list[str] = MISSING
     chat_template: Optional[str] = MISSING
     chat_template_kwargs: dict[str, Any] = MISSING
-    tool_call_ids: Optional[str] = checked(one_of("mistral"), null="vLLM's own ids")
+    tool_call_ids: Optional[str] = checked(one_of("mistral"), null="none")
     reasoning_end: str = MISSING
     sampling: ModelSampling = MISSING
     inline_math: ModelInlineMath = MISSING
