@@ -12,7 +12,8 @@ import pytest
 
 from conftest import sandbox_limits
 from opd.tools import cgroups
-from opd.tools.sandbox import make_call_dir, remove_call_dir, run_command, run_python
+from opd.tools.call_dirs import launcher_dirs
+from opd.tools.sandbox import run_command, run_python
 
 pytestmark = pytest.mark.skipif(not cgroups.available(), reason="needs root and the cgroup v1 memory and pids controllers")
 
@@ -47,13 +48,13 @@ def test_forked_children_share_the_calls_memory_limit() -> None:
 def test_a_call_without_a_leased_uid_still_has_a_process_limit() -> None:
     """uid None (a launcher that is not root runs every call as itself): RLIMIT_NPROC cannot be
     the call's own, the group's pids.max is."""
-    workdir = make_call_dir("cg-", None)
+    workdir = launcher_dirs().make("cg-", None)
     script = "for i in $(seq 40); do sleep 3 & done; echo started; wait"
     try:
         capped = asyncio.run(run_command(["/bin/sh", "-c", script], workdir, sandbox_limits(max_processes=16, timeout_s=20), None))
         roomy = asyncio.run(run_command(["/bin/sh", "-c", script], workdir, sandbox_limits(max_processes=64, timeout_s=20), None))
     finally:
-        asyncio.run(remove_call_dir(workdir))
+        asyncio.run(launcher_dirs().remove(workdir))
     assert "Cannot fork" in capped.stderr and "started" not in capped.stdout, capped
     assert roomy.exit_code == 0 and "started" in roomy.stdout, roomy
 

@@ -188,13 +188,37 @@ def test_groups_that_never_fill_a_batch_or_are_too_stale_are_counted_not_lost_si
     from opd.sinks.trainer import TrainerSink
 
     cfg = validate(compose(["trainer=local", "trainer.batch_groups=4", "trainer.max_staleness=1"])).trainer
-    env = SimpleNamespace(weight_version=3)
+    from opd.serving.weights import ServedWeights
+
+    env = SimpleNamespace(served_weights=ServedWeights(3))
     sink = TrainerSink(cfg, env=env, model_dir="unused", base_urls=[], out_dir=tmp_path, tracker=None)
     for step, version in enumerate([3, 2, 1, 0], start=1):  # two are more than one version old
         asyncio.run(sink.write(Written({"group_overrides": {"weight_version": version}}, step, {})))
     asyncio.run(sink.close("FINISHED"))
     assert sink.summary() == {"summary/trainer_steps": 0.0, "summary/stale_groups_dropped": 2.0, "summary/untrained_groups": 2.0,
                               "summary/weight_version": 3.0, "summary/equal_score_groups_dropped": 0.0, "summary/trainer_empty_batches": 0.0}
+
+
+def test_the_served_weights_version_has_one_owner_the_trainer_raises_it_and_the_environment_reads_it(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from opd.serving.weights import ServedWeights
+    from opd.sinks.base import Written
+    from opd.sinks.trainer import TrainerSink
+
+    cfg = validate(compose(["trainer=local", "trainer.batch_groups=1", "trainer.refresh=false"])).trainer
+    served = ServedWeights()
+    env = SimpleNamespace(served_weights=served, request_errors=0)
+    sink = TrainerSink(cfg, env=env, model_dir="unused", base_urls=[], out_dir=tmp_path, tracker=None)
+    metrics = {"trainer/equal_score_groups_dropped": 0.0, "trainer/loss": 0.0, "trainer/kl_to_sampler": 0.0, "trainer/ratio_max": 1.0, "trainer/step_s": 0.0}
+    sink.trainer = SimpleNamespace(step=lambda groups: dict(metrics), save=lambda path: path)
+    for step in (1, 2):
+        asyncio.run(sink.write(Written({"group_overrides": {"weight_version": served.version}}, step, {})))
+    assert served.version == 2 and sink.served_weights is served  # one object: what the env records from is what the trainer raised
+    assert [h["trainer/weight_version"] for h in sink.history] == [1.0, 2.0]
+    worker_copy = ServedWeights()
+    worker_copy.follow(served.version)  # an environment worker follows the driver's version
+    assert worker_copy.version == 2
 
 
 def test_a_closed_loop_starts_from_its_checkpoint_whatever_the_server_holds(tmp_path, fixture_model, vllm_url, restores_the_fixture_weights) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 from hydra.errors import ConfigCompositionException
-from omegaconf import open_dict, read_write
+from omegaconf import MISSING, open_dict, read_write
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from conftest import CONF, compose, one_fast
-from opd.config import ConfigError, InlineMathEnvConfig, InlineMathRewardConfig, validate
+from opd.config import ConfigError, EnvConfig, InlineMathEnvConfig, InlineMathRewardConfig, SandboxConfig, validate
+from opd.envs.registry import EnvSpec
 
 
 def test_default_composes_to_typed_config() -> None:
@@ -82,7 +85,7 @@ def test_wrong_types_and_unknown_keys_fail_at_composition(override: str, message
         (["reward.weights.tool_use=-0.1"], "reward.weights.tool_use must be >= 0"),
         (["reward.weights.correct=-2"], "reward.weights.correct must be > reward.weights.incorrect"),
         (["env.temperature=9"], "env.temperature must be in [0, 5]"),
-        (["env.top_p=0"], "env.top_p must be null or in (0, 1]"),
+        (["env.top_p=0"], "env.top_p must be in (0, 1] or null (not sent), got 0.0"),
         (["distill_topk=30", "server.max_logprobs=20"], "server.max_logprobs must be >= distill_topk (30), got 20"),
         (["server=vllm", "server.model=m", "server.base_urls=[]"], "server.base_urls must be a non-empty list"),
         (["server=vllm", "server.model=m", "server.base_urls=[localhost:8000]"], "server.base_urls must be http(s) URLs"),
@@ -109,6 +112,63 @@ def test_ranges_fail_naming_the_key(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=None) as info:
         validate(compose(overrides))
     assert message in str(info.value)
+
+
+@dataclass
+class TwoJailsEnvConfig(EnvConfig):
+    """An environment of a user's that mounts the same sandbox schema at two paths."""
+
+    sandbox: SandboxConfig = MISSING
+    grader_sandbox: SandboxConfig = MISSING
+
+
+TWO_JAILS = EnvSpec("two_jails", "test_config:nothing", lambda cfg: None, env_schema=TwoJailsEnvConfig)
+
+
+def _with_two_jails(path: str, value: object) -> object:
+    """The default config with env replaced by a TwoJailsEnvConfig env (as a user's env arrives:
+    untyped, with its spec) whose `path` (under env) holds `value`."""
+    from omegaconf import OmegaConf
+
+    cfg = compose()
+    env = OmegaConf.to_container(cfg.env, resolve=True)
+    sampling = {k: env[k] for k in ("name", "temperature", "top_p", "top_k", "min_p", "eval_temperature")}
+    tree = {**sampling, "spec": "test_config:TWO_JAILS", "sandbox": dict(env["sandbox"]), "grader_sandbox": dict(env["sandbox"])}
+    node, key = tree, path.split(".")
+    for part in key[:-1]:
+        node = node[part]
+    node[key[-1]] = value
+    cfg.env = tree
+    return cfg
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    ("sandbox.timeout_s", 0, "env.sandbox.timeout_s must be >= 1, got 0"),
+    ("grader_sandbox.timeout_s", 0, "env.grader_sandbox.timeout_s must be >= 1, got 0"),
+    ("grader_sandbox.max_open_files", 2, "env.grader_sandbox.max_open_files must be >= 8, got 2"),
+    ("grader_sandbox.uid_base", 5, "env.grader_sandbox.uid_base must be in [1000, 4294897296], got 5"),
+    ("grader_sandbox.backend", "unshare", "env.grader_sandbox.backend=unshare was removed"),
+])
+def test_a_schema_mounted_at_two_paths_is_named_at_the_path_of_the_bad_value(path: str, value: object, message: str) -> None:
+    assert validate(_with_two_jails("grader_sandbox.timeout_s", 5)).env.grader_sandbox.timeout_s == 5  # the env is typed and checked
+    with pytest.raises(ConfigError) as info:
+        validate(_with_two_jails(path, value))
+    assert message in str(info.value) and info.value.key == f"env.{path}"
+
+
+def test_declared_ranges_name_null_and_the_walker_checks_every_element() -> None:
+    from opd.config.checks import check_tree
+
+    cfg = validate(compose(["trainer=local"]))
+    cfg.trainer.loss["topk_kl"] = -1.0
+    with pytest.raises(ConfigError, match=r"^trainer.loss.topk_kl must be >= 0, got -1.0$"):
+        check_tree(cfg)
+    with pytest.raises(ConfigError, match=r"^runner.groups_in_flight must be >= 1 or null \(from the servers' request slots\), got 0$"):
+        validate(compose(["runner.groups_in_flight=0"]))
+    with pytest.raises(ConfigError, match=r"^eval.seed must be in \[0, 2\*\*31\) or null \(unseeded\), got 2147483648$"):
+        validate(compose(["eval.seed=2147483648"]))
+    with pytest.raises(ConfigError, match=r"^server.base_urls must be http\(s\) URLs, got 'h:1'$"):
+        validate(compose(["server=vllm", "server.model=m", "server.base_urls=[http://a/v1,h:1]"]))
 
 
 def _keys_with_comments(path):
@@ -168,9 +228,16 @@ def test_the_schema_has_no_defaults_the_yaml_is_the_one_source() -> None:
 
     from omegaconf import MISSING
 
+    import importlib
+    import pkgutil
+
     from opd import config
 
-    with_defaults = [f"{cls.__name__}.{f.name}" for cls in vars(config).values() if dataclasses.is_dataclass(cls) and isinstance(cls, type)
+    modules = [importlib.import_module(f"opd.config.{m.name}") for m in pkgutil.iter_modules(config.__path__)]
+    schemas = {cls for module in modules for cls in vars(module).values() if dataclasses.is_dataclass(cls) and isinstance(cls, type)
+               and cls.__module__.startswith("opd.config.") and cls.__name__ != "Check"}
+    assert len(schemas) >= 30 and {cls.__name__ for cls in schemas} <= set(config.__all__)  # every schema importable from opd.config
+    with_defaults = [f"{cls.__name__}.{f.name}" for cls in schemas
                      for f in dataclasses.fields(cls) if f.default is not MISSING or f.default_factory is not dataclasses.MISSING]
     assert with_defaults == []
 

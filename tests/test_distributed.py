@@ -25,6 +25,7 @@ from helpers import launch, launch_process, lines, mlflow_run, run_args
 from opd.config import ConfigError, validate
 from opd.distributed.worker import slot_share
 from opd.records import check_group, read_groups
+from opd.serving.weights import ServedWeights
 
 FIXTURE = ROOT / "opd" / "fixture" / "model"
 
@@ -308,7 +309,7 @@ def _stub_source(ray, restarts: int, delay_s: float):
 
     actors = [ray.remote(StubWorker).options(num_cpus=0, max_restarts=restarts).remote(delay_s) for _ in range(2)]
     ray.get([a.ping.remote() for a in actors])
-    return WorkerSource(SimpleNamespace(weight_version=3), [Worker(i, a, 4) for i, a in enumerate(actors)]), actors
+    return WorkerSource(SimpleNamespace(served_weights=ServedWeights(3)), [Worker(i, a, 4) for i, a in enumerate(actors)]), actors
 
 
 @pytest.mark.ray

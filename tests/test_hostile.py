@@ -35,7 +35,8 @@ from conftest import ROOT, compose, one_fast, sandbox_limits
 from stalls import STALL_LIMIT_S, Stalls, measure
 from opd.rewards.coding import run_task_tests
 from opd.rewards.harness import run_tests, wire
-from opd.tools import sandbox, tmpfs
+from opd.tools import tmpfs
+from opd.tools.call_dirs import CallDirs
 from opd.tools import workspace as workspace_tools
 from opd.tools.registry import Toolbox
 from opd.tools.sandbox import run_python
@@ -442,7 +443,7 @@ def test_files_under_paths_longer_than_path_max_count_against_the_quota(mounted:
     with workspace(sandbox_limits(timeout_s=10, workspace_mb=4, file_size_mb=4)) as (ws, tools):
         output = call(tools, "terminal", command=hide)
         assert "stored" in output, output
-        if ws_mounted := sandbox.is_tmpfs(ws.root):  # the second file never fit
+        if ws_mounted := ws.dirs.is_tmpfs(ws.root):  # the second file never fit
             assert "the workspace is full (quota: 4 MiB)" in output and asyncio.run(ws.used_mb()) <= 4, output
         else:
             assert "over its 4 MiB quota" in output and asyncio.run(ws.used_mb()) == 0, output
@@ -1161,9 +1162,7 @@ def test_a_killed_launchers_tmpfs_mounts_are_unmounted_and_swept() -> None:
     finally:
         proc.kill()
         proc.wait()
-    sandbox._calls_root.cache_clear()
-    sandbox._calls_root()  # sweeps the killed launcher's directory on a thread
-    sandbox.sweeper.join(30)
+    CallDirs(workspace_root.parent.parent).sweeper.join(30)  # sweeps the killed launcher's directory on a thread
     assert tmpfs.mounts_under(workspace_root.parent) == [] and not workspace_root.parent.exists()
 
 

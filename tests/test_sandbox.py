@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from conftest import sandbox_limits
-from opd.tools import sandbox
-from opd.tools.sandbox import UidLease, run_python
+from opd.tools import call_dirs, jail
+from opd.tools import uids as uid_leases
+from opd.tools.call_dirs import CallDirs
+from opd.tools.sandbox import run_python
+from opd.tools.uids import UidLease
 
 FAST = sandbox_limits(timeout_s=3, cpu_s=3, memory_mb=512, output_chars=500)
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="leased uids need a root launcher")
@@ -56,14 +59,14 @@ def test_the_limits_are_in_force_inside() -> None:
     nproc, pid, uid, processes = (int(x) for x in ids.split())
     assert pid <= 3 and processes <= 3  # a PID namespace of its own: it sees only itself (and the jail's init)
     if os.geteuid() == 0:
-        assert limits.uid_base <= uid < limits.uid_base + sandbox.UID_COUNT and nproc == 20
+        assert limits.uid_base <= uid < limits.uid_base + uid_leases.UID_COUNT and nproc == 20
 
 
 @ROOT_ONLY
 def test_leases_never_share_a_uid_and_free_it_when_released() -> None:
     leases = [UidLease.take(300_000) for _ in range(50)]
     uids = {lease.uid for lease in leases}
-    assert len(uids) == 50 and all(300_000 <= u < 300_000 + sandbox.UID_COUNT for u in uids)
+    assert len(uids) == 50 and all(300_000 <= u < 300_000 + uid_leases.UID_COUNT for u in uids)
     held = leases[0].uid
     for lease in leases:
         lease.release()
@@ -71,7 +74,7 @@ def test_leases_never_share_a_uid_and_free_it_when_released() -> None:
     import subprocess
     import sys
 
-    holder = subprocess.Popen([sys.executable, "-c", f"import fcntl, os, sys, time\nfd = os.open({str(sandbox._lock_dir() / str(held))!r}, os.O_RDWR)\n"
+    holder = subprocess.Popen([sys.executable, "-c", f"import fcntl, os, sys, time\nfd = os.open({str(uid_leases._lock_dir() / str(held))!r}, os.O_RDWR)\n"
                                "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(30)\n"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -106,15 +109,15 @@ def test_what_stopped_a_call_is_said_in_words(code: str, limits, words: str) -> 
 
 
 def test_a_missing_bwrap_is_an_error_that_names_the_fix(monkeypatch) -> None:
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name, *a, **k: None)
-    sandbox._bwrap_path.cache_clear()
-    sandbox.check_backend.cache_clear()
+    monkeypatch.setattr(jail.shutil, "which", lambda name, *a, **k: None)
+    jail._bwrap_path.cache_clear()
+    jail.check_backend.cache_clear()
     try:
-        with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
+        with pytest.raises(jail.SandboxUnavailable, match="apt-get install bubblewrap"):
             run("1")
     finally:
-        sandbox._bwrap_path.cache_clear()
-        sandbox.check_backend.cache_clear()
+        jail._bwrap_path.cache_clear()
+        jail.check_backend.cache_clear()
 
 
 
@@ -123,19 +126,41 @@ def test_directories_of_killed_launchers_are_swept(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = "import asyncio\nfrom conftest import sandbox_limits\nfrom opd.tools.sandbox import _calls_root\nprint(_calls_root(), flush=True)\nimport time; time.sleep(60)\n"
+    code = "from opd.tools.call_dirs import launcher_dirs\nprint(launcher_dirs().root, flush=True)\nimport time; time.sleep(60)\n"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parent, stdout=subprocess.PIPE, text=True)
     root = Path(proc.stdout.readline().strip())
     assert root.is_dir()
-    sandbox._calls_root.cache_clear()
-    sandbox._calls_root()  # a live launcher's directory stays
+    CallDirs(root.parent)  # a live launcher's directory stays
     assert root.is_dir()
     proc.kill()
     proc.wait()
-    sandbox._calls_root.cache_clear()
-    sandbox._calls_root()  # a killed one's is removed, by a thread
-    sandbox.sweeper.join(30)
+    dirs = CallDirs(root.parent)  # a killed one's is removed, by a thread
+    dirs.sweeper.join(30)
     assert not root.exists()
+
+
+def test_a_zombie_is_not_counted_as_alive_but_a_sleeping_process_is() -> None:
+    """A failed call waits until its uid's processes are gone; a zombie (exited, waiting for pid 1
+    to reap it, which this machine's pid 1 does late) runs no code and holds no memory, so it
+    does not hold the call up; a living process does."""
+    import subprocess
+    import time
+
+    from opd.tools.reaping import living_processes
+
+    sleeper, done = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{done.pid}/stat").read_bytes().rpartition(b")")[2].split()[0] != b"Z":
+            assert time.monotonic() < deadline, "the child never became a zombie"
+            time.sleep(0.01)
+        alive = living_processes(os.getuid())
+        assert sleeper.pid in alive and os.getpid() in alive and done.pid not in alive
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        done.wait()
+    assert sleeper.pid not in living_processes(os.getuid())
 
 
 def _dead_pid() -> int:
@@ -162,18 +187,13 @@ def test_the_sweep_removes_any_tree_and_skips_what_it_cannot_remove(tmp_path: Pa
     os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
     os.close(fd)
     stuck.mkdir()
-    real_rm = sandbox._rm
-    monkeypatch.setattr(sandbox, "_rm", lambda path: ["sh", "-c", "echo cannot >&2; exit 1"] if path == stuck else real_rm(path))
-    monkeypatch.setattr(sandbox.tempfile, "tempdir", str(base))
-    sandbox._calls_root.cache_clear()
-    try:
-        root = sandbox._calls_root()
-        sandbox.sweeper.join(60)
-        assert not deep.exists() and stuck.is_dir() and outside.read_text() == "untouched"
-        assert f"could not remove {stuck} (rm exited with 1): cannot" in caplog.text
-        assert root.parent == base and root.is_dir()  # this launcher goes on
-    finally:
-        sandbox._calls_root.cache_clear()
+    real_rm = call_dirs._rm
+    monkeypatch.setattr(call_dirs, "_rm", lambda path: ["sh", "-c", "echo cannot >&2; exit 1"] if path == stuck else real_rm(path))
+    dirs = CallDirs(base)
+    dirs.sweeper.join(60)
+    assert not deep.exists() and stuck.is_dir() and outside.read_text() == "untouched"
+    assert f"could not remove {stuck} (rm exited with 1): cannot" in caplog.text
+    assert dirs.root.parent == base and dirs.root.is_dir()  # this launcher goes on
 
 
 @ROOT_ONLY
@@ -183,7 +203,7 @@ def test_uid_leases_are_machine_wide_whatever_tmpdir_says(tmp_path: Path) -> Non
 
     base = 310_000
     # Both start their search at `base`: the second must pass over the first's lease.
-    take = "import random\nrandom.randrange = lambda n: 0\nfrom opd.tools.sandbox import UidLease\nlease = UidLease.take({base})\n"
+    take = "import random\nrandom.randrange = lambda n: 0\nfrom opd.tools.uids import UidLease\nlease = UidLease.take({base})\n"
     holder = subprocess.Popen([sys.executable, "-c", take.format(base=base) + "print(lease.uid, flush=True)\nimport time; time.sleep(30)\n"],
                               cwd=Path(__file__).parent.parent, env={**os.environ, "TMPDIR": str(tmp_path)}, stdout=subprocess.PIPE, text=True)
     try:
@@ -198,30 +218,30 @@ def test_uid_leases_are_machine_wide_whatever_tmpdir_says(tmp_path: Path) -> Non
 
 @ROOT_ONLY
 def test_the_lease_directory_is_made_safely(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(sandbox, "LOCK_PARENTS", (str(tmp_path / "missing"), str(tmp_path)))
-    path = tmp_path / sandbox.LOCK_DIR_NAME
+    monkeypatch.setattr(uid_leases, "LOCK_PARENTS", (str(tmp_path / "missing"), str(tmp_path)))
+    path = tmp_path / uid_leases.LOCK_DIR_NAME
     try:
-        sandbox._lock_dir.cache_clear()
-        assert sandbox._lock_dir() == path and (path.stat().st_mode & 0o777) == 0o700
-        sandbox._lock_dir.cache_clear()
+        uid_leases._lock_dir.cache_clear()
+        assert uid_leases._lock_dir() == path and (path.stat().st_mode & 0o777) == 0o700
+        uid_leases._lock_dir.cache_clear()
         path.chmod(0o777)
-        assert sandbox._lock_dir() == path and (path.stat().st_mode & 0o777) == 0o700
+        assert uid_leases._lock_dir() == path and (path.stat().st_mode & 0o777) == 0o700
         path.rmdir()
         path.symlink_to(tmp_path / "elsewhere")
         (tmp_path / "elsewhere").mkdir()
-        sandbox._lock_dir.cache_clear()
-        with pytest.raises(sandbox.SandboxUnavailable, match="not a symlink"):
-            sandbox._lock_dir()
+        uid_leases._lock_dir.cache_clear()
+        with pytest.raises(jail.SandboxUnavailable, match="not a symlink"):
+            uid_leases._lock_dir()
         path.unlink()
         path.mkdir(mode=0o700)
         os.chown(path, 12345, 12345)
-        sandbox._lock_dir.cache_clear()
-        with pytest.raises(sandbox.SandboxUnavailable, match="belongs to uid 12345"):
-            sandbox._lock_dir()
+        uid_leases._lock_dir.cache_clear()
+        with pytest.raises(jail.SandboxUnavailable, match="belongs to uid 12345"):
+            uid_leases._lock_dir()
         tmp_path.chmod(0o777)  # a parent where others may rename entries is passed over
-        sandbox._lock_dir.cache_clear()
-        with pytest.raises(sandbox.SandboxUnavailable, match="no directory for uid leases"):
-            sandbox._lock_dir()
+        uid_leases._lock_dir.cache_clear()
+        with pytest.raises(jail.SandboxUnavailable, match="no directory for uid leases"):
+            uid_leases._lock_dir()
     finally:
         tmp_path.chmod(0o700)
-        sandbox._lock_dir.cache_clear()
+        uid_leases._lock_dir.cache_clear()

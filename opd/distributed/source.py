@@ -83,7 +83,7 @@ class WorkerSource:
         while True:
             worker = await self._pick(avoid)
             worker.in_flight += 1
-            ref = worker.actor.collect.remote(item, self.env.weight_version, *(() if ledger is None else (True,)))
+            ref = worker.actor.collect.remote(item, self.env.served_weights.version, *(() if ledger is None else (True,)))
             try:
                 group = await ref
                 if ledger is not None:

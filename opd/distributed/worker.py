@@ -58,7 +58,7 @@ class EnvWorker:
     async def collect(self, item: dict[str, Any], weight_version: int, timed: bool = False) -> dict[str, Any] | tuple[dict[str, Any], dict[str, Any]]:
         """One group of `item`, recording `weight_version` (the driver's, which a trainer raises);
         with `timed`, also where its time went here (`opd.latency.export`)."""
-        self.env.weight_version = weight_version
+        self.env.served_weights.follow(weight_version)
         if not timed:
             group, _ = await self.env.collect_trajectories(item)
             return dict(group)

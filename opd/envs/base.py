@@ -34,6 +34,7 @@ from opd.data.sources import TaskSet
 from opd.serving.pool import ServerPool
 from opd.serving.tokenizer import load_tokenizer
 from opd.serving.vllm_client import Generation
+from opd.serving.weights import ServedWeights
 from opd.tracking.traces import Tracer
 
 if TYPE_CHECKING:
@@ -89,7 +90,8 @@ class RolloutEnv:
 
     def __init__(self, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
                  seed: int, tracer: Tracer, temperature: float, sampling: dict[str, Any], eval_temperature: float, chat_format: ChatFormat,
-                 tools: list[dict[str, Any]], drop_equal_scores: bool = False, tokenizer: Any = None) -> None:
+                 tools: list[dict[str, Any]], drop_equal_scores: bool = False, tokenizer: Any = None,
+                 served_weights: ServedWeights | None = None) -> None:
         # Requests go through our pool (slots, retries). `tokenizer`: one already loaded (atroposlib's).
         self.server = pool
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(tokenizer_path)
@@ -108,9 +110,9 @@ class RolloutEnv:
         # vLLM's parsers of the format, loaded off the start-up path (see BackgroundParser).
         self.parser = BackgroundParser(lambda: TurnParser(chat_format, self.tokenizer, tools))
         self._order: list[int] = []
-        # The version of the weights the servers serve (a trainer in the run raises it); every
-        # group records the version it was generated with (`group_overrides.weight_version`).
-        self.weight_version = 0
+        # The version of the weights the servers serve (a trainer in the run raises it; one object
+        # owns it): every group records the version it was generated with (`group_overrides.weight_version`).
+        self.served_weights = served_weights if served_weights is not None else ServedWeights()
 
     @property
     def request_errors(self) -> int:
@@ -138,7 +140,7 @@ class RolloutEnv:
         """`group_size` rollouts of `item` (one trace per rollout when tracing is on)."""
         inputs = {k: v for k, v in item.items() if isinstance(v, (str, int, float)) and k not in ("solution", "test_code")}
         roots = [self.tracer.start_root("rollout", {**inputs, "index": i}) for i in range(self.group_size)]
-        version = self.weight_version
+        version = self.served_weights.version
         try:
             group = await self.make_group(item, roots)
             group["group_overrides"]["weight_version"] = version

@@ -4,8 +4,8 @@ Written groups gather into batches of `trainer.batch_groups`. Each full batch is
 step (`opd.train.trainer`, in a thread: the event loop and the rollouts in flight go on), the new
 weights are saved and loaded into the serving vLLM in place (`opd.train.refresh`), the served
 weights are checked against the trainer's (`opd.train.refresh_check`, `trainer/refresh_check`;
-a mismatch fails the run), and the environment's `weight_version` goes up, so every later group
-records the version it was generated with. A group more than `trainer.max_staleness` versions behind is not trained on
+a mismatch fails the run), and the served weights' version goes up (`opd.serving.weights`, which the
+environment reads), so every later group records the version it was generated with. A group more than `trainer.max_staleness` versions behind is not trained on
 (counted in `summary/stale_groups_dropped`); it is in groups.jsonl all the same. Awaiting the step
 is the back-pressure: no group is written while the trainer works. At the end the final weights
 (the checkpoint last served and evaluated) are logged to MLflow (`final_weights/`), a checkpoint
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from opd.config import LocalTrainerConfig
+from opd.serving.weights import ServedWeights
 from opd.sinks.base import Sink, Written
 from opd.tracking.mlflow_run import Tracker
 from opd.train.refresh import refresh
@@ -33,8 +34,11 @@ logger = logging.getLogger(__name__)
 class TrainerSink(Sink):
     def __init__(self, cfg: LocalTrainerConfig, env: Any, model_dir: str, base_urls: list[str], out_dir: Path, tracker: Tracker | None,
                  api_key: str = "opd-local") -> None:
-        """`model_dir`: the checkpoint the trainer starts from, also the name the servers serve it under."""
+        """`model_dir`: the checkpoint the trainer starts from, also the name the servers serve it under.
+        The served weights' version is the environment's `served_weights` (`ServedWeights`): this sink
+        raises it after each refresh, the environment reads it."""
         self.cfg, self.env, self.model_dir, self.base_urls, self.tracker, self.api_key = cfg, env, model_dir, base_urls, tracker, api_key
+        self.served_weights: ServedWeights = env.served_weights
         self.weights_dir = out_dir / "weights"
         self.trainer: Any = None
         self.check: RefreshCheck | None = None
@@ -72,7 +76,7 @@ class TrainerSink(Sink):
 
     async def write(self, written: Written) -> None:
         group = written.group
-        lag = self.env.weight_version - int(group.get("group_overrides", {}).get("weight_version", 0))
+        lag = self.served_weights.version - int(group.get("group_overrides", {}).get("weight_version", 0))
         if lag > self.cfg.max_staleness:
             if not self.stale_dropped:
                 logger.warning("a group %d weight versions old was not trained on (trainer.max_staleness=%d; counted in summary/stale_groups_dropped)",
@@ -98,12 +102,12 @@ class TrainerSink(Sink):
         self.equal_dropped += int(metrics["trainer/equal_score_groups_dropped"])
         await asyncio.to_thread(self.trainer.save, self.weights_dir)
         metrics["trainer/refresh_s"] = await refresh(self.base_urls, self.weights_dir) if self.cfg.refresh else 0.0
-        self.env.weight_version += 1
+        self.served_weights.advance()
         if self.check is not None:
-            metrics["trainer/refresh_check"] = await self.check.after_refresh(self.trainer.probe_logprobs, self.env.weight_version)
+            metrics["trainer/refresh_check"] = await self.check.after_refresh(self.trainer.probe_logprobs, self.served_weights.version)
             self.checks.append(metrics["trainer/refresh_check"])
         self.steps += 1
-        metrics.update({"trainer/weight_version": float(self.env.weight_version), "trainer/staleness_mean": statistics.fmean(lags),
+        metrics.update({"trainer/weight_version": float(self.served_weights.version), "trainer/staleness_mean": statistics.fmean(lags),
                         "trainer/groups": float(len(groups)), "trainer/stale_groups_dropped": float(self.stale_dropped),
                         "trainer/server_request_errors": float(self.env.request_errors)})
         self.history.append(metrics)
@@ -122,9 +126,9 @@ class TrainerSink(Sink):
         """A restarted server starts from the weights it was started with: load the trainer's."""
         if self.cfg.refresh and self.trainer is not None and self.weights_dir.exists():
             seconds = await refresh(self.base_urls, self.weights_dir)
-            logger.warning("the restarted server serves weight version %d again (reloaded in %.2f s)", self.env.weight_version, seconds)
+            logger.warning("the restarted server serves weight version %d again (reloaded in %.2f s)", self.served_weights.version, seconds)
             if self.check is not None:
-                await self.check.after_refresh(self.trainer.probe_logprobs, self.env.weight_version)
+                await self.check.after_refresh(self.trainer.probe_logprobs, self.served_weights.version)
 
     async def close(self, status: str) -> None:
         if self.pending:
@@ -138,7 +142,7 @@ class TrainerSink(Sink):
 
     def summary(self) -> dict[str, float]:
         out = {"summary/trainer_steps": float(self.steps), "summary/stale_groups_dropped": float(self.stale_dropped),
-               "summary/untrained_groups": float(len(self.pending)), "summary/weight_version": float(self.env.weight_version),
+               "summary/untrained_groups": float(len(self.pending)), "summary/weight_version": float(self.served_weights.version),
                "summary/equal_score_groups_dropped": float(self.equal_dropped), "summary/trainer_empty_batches": float(self.empty_batches)}
         if self.checks:
             out["summary/refresh_check_floor"] = self.checks[0]

@@ -1,7 +1,7 @@
 """The coding agent's tools over one rollout's workspace: write_file, read_file, terminal, patch
 (`TOOLS`, run against a `Workspace` bound in a `Toolbox`).
 
-A workspace is a directory of its own with a uid of its own (`opd.tools.sandbox`); `terminal`
+A workspace is a directory of its own with a uid of its own (`opd.tools.call_dirs`, `opd.tools.uids`); `terminal`
 runs `bash -c` jailed in it. As root it is a tmpfs of `workspace_mb` and `workspace_files`
 (`opd.tools.tmpfs`): no call and no file tool writes past them, and a call that filled it says so;
 elsewhere its size is measured after each call, and a call that left too much empties it.
@@ -28,7 +28,9 @@ from pathlib import PurePosixPath
 from opd.config import SandboxConfig
 from opd.tools.registry import Tool, ToolError
 from opd.tools import tmpfs
-from opd.tools.sandbox import UidLease, disk_usage, is_tmpfs, make_call_dir, remove_call_dir, run_command
+from opd.tools.call_dirs import CallDirs, disk_usage, launcher_dirs
+from opd.tools.sandbox import run_command
+from opd.tools.uids import UidLease
 
 logger = logging.getLogger(__name__)
 
@@ -40,15 +42,17 @@ MAX_PATH_CHARS = 4096
 
 
 class Workspace:
-    """A fresh directory and uid for one rollout; `await close()` removes the directory, frees the uid."""
+    """A fresh directory and uid for one rollout; `await close()` removes the directory, frees the uid.
+    The directory is made in `dirs` (the launcher's by default), as are its calls' /tmp and /dev/shm."""
 
-    def __init__(self, limits: SandboxConfig, max_file_chars: int = 20_000) -> None:
+    def __init__(self, limits: SandboxConfig, max_file_chars: int = 20_000, dirs: CallDirs | None = None) -> None:
         self.limits = limits
+        self.dirs = dirs or launcher_dirs()
         self.max_file_chars = max_file_chars
         self.lease = UidLease.take(limits.uid_base)
         self.quota = tmpfs.Quota(limits.workspace_mb, limits.workspace_files)
         try:
-            self.root = make_call_dir("rollout-", self.lease.uid, self.quota)
+            self.root = self.dirs.make("rollout-", self.lease.uid, self.quota)
         except BaseException:
             self.lease.release()
             raise
@@ -59,7 +63,7 @@ class Workspace:
     async def close(self) -> None:
         """Remove the directory (off the event loop; a failure is logged) and free the uid."""
         try:
-            await remove_call_dir(self.root)
+            await self.dirs.remove(self.root)
         finally:
             self.lease.release()
 
@@ -199,10 +203,10 @@ class Workspace:
             raise ToolError("command contains a NUL byte")
         if self.over_quota:
             raise ToolError(f"the workspace went over its {self.limits.workspace_mb} MiB quota; its files were removed")
-        result = await run_command(["/bin/bash", "-c", command], self.root, self.limits, self.lease.uid)
+        result = await run_command(["/bin/bash", "-c", command], self.root, self.limits, self.lease.uid, self.dirs)
         output = result.stdout + result.stderr
         status = f"timed out after {self.limits.timeout_s:g} s" if result.timed_out else terminal_status(result.exit_code, result.error)
-        if is_tmpfs(self.root):
+        if self.dirs.is_tmpfs(self.root):
             if words := tmpfs.full_words(self.root, self.quota, "the workspace is"):
                 status += f"; {words}"
         elif await self.used_mb() > self.limits.workspace_mb:
@@ -212,17 +216,17 @@ class Workspace:
 
     async def used_mb(self) -> float:
         """Space the workspace's files take, at any depth (its tmpfs's own count, or
-        `sandbox.disk_usage`; nothing of the workspace runs meanwhile); infinite when it could not
+        `call_dirs.disk_usage`; nothing of the workspace runs meanwhile); infinite when it could not
         be measured, so that what cannot be measured cannot escape the quota."""
-        if is_tmpfs(self.root):
+        if self.dirs.is_tmpfs(self.root):
             return tmpfs.usage(self.root).used_bytes / (1024 * 1024)
         used = await disk_usage(self.root)
         return math.inf if used is None else used / (1024 * 1024)
 
     async def _clear(self) -> None:
         logger.warning("a workspace went over its %d MiB quota; its files were removed", self.limits.workspace_mb)
-        await remove_call_dir(self.root)
-        self.root = make_call_dir("rollout-", self.lease.uid)
+        await self.dirs.remove(self.root)
+        self.root = self.dirs.make("rollout-", self.lease.uid)
         self.over_quota = True
 
 

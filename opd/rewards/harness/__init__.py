@@ -25,7 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opd.config import SandboxConfig
-from opd.tools.sandbox import UidLease, call_area, exited, interpreter, read_cut, remove_call_dir, scratch_dir, spawn, stop
+from opd.tools.call_dirs import launcher_dirs
+from opd.tools.capture import read_cut
+from opd.tools.jail import Jail, interpreter, spawn
+from opd.tools.reaping import exited, stop
+from opd.tools.uids import UidLease
 
 HERE = Path(__file__).resolve().parent
 _SCRIPTS = ("wire.py", "solution_server.py", "test_runner.py")
@@ -51,20 +55,21 @@ async def run_tests(solution: str, tests: str, limits: SandboxConfig) -> TestOut
     """Run `tests` against `solution` (the source of solution.py) as described above; the jails
     get `limits`, their wall clock included."""
     python = interpreter()[0]
+    dirs = launcher_dirs()
     leases: list[UidLease] = []
     roots: list[Path] = []
     capture: Path | None = None
     fds: list[int] = []
-    procs = []
+    jails: list[Jail] = []
     try:
         leases = [UidLease.take(limits.uid_base), UidLease.take(limits.uid_base)]
         # Each jail's directory, /tmp and /dev/shm: one tmpfs of tmp_mb and tmp_files (as root).
-        server_root, server = call_area("solution-", leases[0].uid, limits)
+        server_root, server = dirs.area("solution-", leases[0].uid, limits)
         roots.append(server_root)
-        tests_root, tested = call_area("tests-", leases[1].uid, limits)
+        tests_root, tested = dirs.area("tests-", leases[1].uid, limits)
         roots.append(tests_root)
         server_dir, tests_dir = server.work, tested.work
-        capture = scratch_dir("harness-")
+        capture = dirs.scratch("harness-")
         scripts = {name: (HERE / name).read_text(encoding="utf-8") for name in _SCRIPTS}
         for name in ("wire.py", "solution_server.py"):
             _put(server_dir, name, scripts[name], None)
@@ -77,17 +82,17 @@ async def run_tests(solution: str, tests: str, limits: SandboxConfig) -> TestOut
         verdict_r, verdict_w = os.pipe()
         fds = [requests_r, requests_w, answers_r, answers_w, verdict_r, verdict_w]
         # What the solution prints goes nowhere: it can print without limit, and it decides nothing.
-        procs.append(spawn([python, "-I", "solution_server.py", str(requests_r), str(answers_w)], server, limits, leases[0].uid,
+        jails.append(spawn([python, "-I", "solution_server.py", str(requests_r), str(answers_w)], server, limits, leases[0].uid,
                            subprocess.DEVNULL, subprocess.DEVNULL, pass_fds=(requests_r, answers_w)))
         with open(capture / "tests", "wb") as out:
-            procs.append(spawn([python, "-I", "test_runner.py", str(requests_w), str(answers_r), str(verdict_w), "tests.py"], tested, limits,
+            jails.append(spawn([python, "-I", "test_runner.py", str(requests_w), str(answers_r), str(verdict_w), "tests.py"], tested, limits,
                                leases[1].uid, out, out, pass_fds=(requests_w, answers_r, verdict_w)))
         for fd in (requests_r, requests_w, answers_r, answers_w, verdict_w):  # only the jails hold them now
             os.close(fd)
         fds = [verdict_r]
         os.set_blocking(verdict_r, False)
         try:
-            await asyncio.wait_for(exited(procs[1]), timeout=limits.timeout_s)
+            await asyncio.wait_for(exited(jails[1].proc), timeout=limits.timeout_s)
         except asyncio.TimeoutError:
             return TestOutcome("crash", f"the tests did not finish within {limits.timeout_s:g} s")
         verdict = _read_verdict(verdict_r)
@@ -98,12 +103,12 @@ async def run_tests(solution: str, tests: str, limits: SandboxConfig) -> TestOut
         try:
             # Both jails at once; each group is killed before its leader is reaped, and nothing of
             # a uid outlives its lease.
-            await asyncio.gather(*(stop(proc, lease.uid) for proc, lease in zip(procs, leases)))
+            await asyncio.gather(*(stop(jail, lease.uid) for jail, lease in zip(jails, leases)))
             for fd in fds:
                 os.close(fd)
             if capture is not None:
                 shutil.rmtree(capture, ignore_errors=True)
-            await asyncio.gather(*(remove_call_dir(root) for root in roots))
+            await asyncio.gather(*(dirs.remove(root) for root in roots))
         finally:
             for lease in leases:
                 lease.release()

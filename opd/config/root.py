@@ -1,0 +1,93 @@
+"""The root schema (conf/config.yaml) and the table of every group's schemas.
+
+A new config group: its dataclasses in a module of this package named after the group
+(`opd/config/<group>.py`, ranges declared with `checked(...)`), its field in `Config` below,
+its schemas in `SCHEMAS`, and its names in `opd/config/__init__.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import MISSING
+
+from opd.config.checks import at_least, checked, one_of, relation, require
+from opd.config.dataset import DatasetConfig
+from opd.config.env import InlineMathEnvConfig, OPDCodingEnvConfig
+from opd.config.evaluation import EvalConfig
+from opd.config.judge import JudgeConfig, JudgeServerConfig
+from opd.config.model import ModelConfig
+from opd.config.reward import InlineMathRewardConfig, OPDCodingRewardConfig
+from opd.config.runner import RunnerConfig
+from opd.config.sandbox import SandboxConfig
+from opd.config.serve import ServeConfig
+from opd.config.server import LocalServerConfig, RemoteServerConfig
+from opd.config.sweep import SweepConfig
+from opd.config.tracking import TrackingConfig
+from opd.config.trainer import LocalTrainerConfig, TrainerConfig
+
+
+@dataclass
+class Config:
+    """The root (conf/config.yaml); the groups' schemas come from the chosen options."""
+
+    model: ModelConfig = MISSING
+    env: Any = MISSING
+    dataset: DatasetConfig = MISSING
+    reward: Any = MISSING
+    server: Any = MISSING
+    judge: Any = MISSING
+    tracking: TrackingConfig = MISSING
+    runner: RunnerConfig = MISSING
+    sweep: SweepConfig = MISSING
+    serve: ServeConfig = MISSING
+    trainer: Any = MISSING
+    eval: EvalConfig = MISSING
+    mode: str = checked(one_of("train", "evaluate", "serve"))
+    group_size: int = checked(at_least(1))
+    total_steps: int = checked(at_least(1))
+    seed: int = MISSING
+    distill_topk: int = checked(at_least(1))
+    judge_votes: int = checked(at_least(1))
+    output_root: str = MISSING
+    output_dir: str = MISSING
+    resume: bool = MISSING
+    sinks: list[str] = MISSING
+
+
+@relation(Config)
+def logprobs_for_the_teacher_topk(cfg: Config, at: str) -> None:
+    require(cfg.server.max_logprobs >= cfg.distill_topk, "server.max_logprobs", f">= distill_topk ({cfg.distill_topk})", cfg.server.max_logprobs)
+
+
+@relation(Config)
+def a_request_slot_per_worker(cfg: Config, at: str) -> None:
+    # Each worker gets a share of every server's request slots; a worker without one would idle.
+    if cfg.runner.workers > 1:
+        require(cfg.server.max_requests_in_flight >= cfg.runner.workers, "runner.workers",
+                f"<= server.max_requests_in_flight ({cfg.server.max_requests_in_flight}; each worker needs a request slot)", cfg.runner.workers)
+
+
+@relation(Config)
+def local_trainer_has_a_signal(cfg: Config, at: str) -> None:
+    if cfg.trainer.kind == "local":
+        require(cfg.mode == "train", "trainer", "used with mode=train (trainer=local trains on the groups it writes)", f"trainer={cfg.trainer.kind}, mode={cfg.mode}")
+        require(getattr(cfg.env, "name", None) == "opd_coding" or cfg.trainer.loss.get("pg", 0) > 0, "trainer.loss.pg",
+                "> 0 for any environment but opd_coding (only its records carry teacher rows for the OPD terms)", cfg.trainer.loss.get("pg", 0))
+
+
+# Every group's schemas by the option names conf/ selects them with (`defaults: [<name>]`).
+SCHEMAS: dict[str | None, dict[str, type]] = {
+    None: {"config_schema": Config},
+    "model": {"model_schema": ModelConfig},
+    "env": {"inline_math_schema": InlineMathEnvConfig, "opd_coding_schema": OPDCodingEnvConfig},
+    "reward": {"inline_math_schema": InlineMathRewardConfig, "opd_coding_schema": OPDCodingRewardConfig},
+    "server": {"local_schema": LocalServerConfig, "vllm_schema": RemoteServerConfig},
+    "judge": {"policy_schema": JudgeConfig, "server_schema": JudgeServerConfig},
+    "dataset": {"dataset_schema": DatasetConfig},
+    "sandbox": {"sandbox_schema": SandboxConfig},
+    "tracking": {"tracking_schema": TrackingConfig},
+    "runner": {"runner_schema": RunnerConfig},
+    "trainer": {"trainer_schema": TrainerConfig, "local_schema": LocalTrainerConfig},
+}
