@@ -56,12 +56,12 @@ def test_teacher_rows_come_from_opd_codings_hinted_teacher_or_a_teacher_group_an
 def test_a_teacher_term_with_nothing_to_read_is_refused_alone_and_said_beside_pg(caplog: pytest.LogCaptureFixture) -> None:
     from opd.train.teacher_terms import check_loss_weights
 
-    with pytest.raises(ConfigError, match="trainer.loss: opd_advantage=1 need teacher rows and env=inline_math without a teacher writes none") as info:
+    with pytest.raises(ConfigError, match="trainer.loss: opd_advantage=1 needs teacher rows and env=inline_math without a teacher writes none") as info:
         check_loss_weights(validate(compose(["arm=opd"])))
     assert info.value.key == "trainer.loss"
     with caplog.at_level(logging.INFO, logger="opd.train.teacher_terms"):
         check_loss_weights(validate(compose(["arm=mix"])))
-    assert "opd_advantage=1 add nothing here (env=inline_math without a teacher writes no teacher rows); pg train" in caplog.text
+    assert "opd_advantage=1 adds nothing here (env=inline_math without a teacher writes no teacher rows); only pg trains" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="opd.train.teacher_terms"):
         check_loss_weights(validate(compose(["arm=grpo"])))

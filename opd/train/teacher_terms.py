@@ -41,8 +41,9 @@ def check_loss_weights(cfg: Any) -> None:
     given = ", ".join(f"{name}={weights[name]:g}" for name in idle)
     where = f"env={cfg.env.name} without a teacher"
     if len(idle) == len(weights):
-        raise ConfigError(f"trainer.loss: {given} need teacher rows and {where} writes none, so trainer=local would train nothing; "
+        raise ConfigError(f"trainer.loss: {given} {'needs' if len(idle) == 1 else 'need'} teacher rows and {where} writes none, so trainer=local would train nothing; "
                           "give trainer.loss.pg a weight > 0 (arm=grpo, arm=mix) or the run a teacher", "trainer.loss")
     if idle:
-        logger.info("trainer.loss: %s add nothing here (%s writes no teacher rows); %s train", given, where,
-                    ", ".join(sorted(set(weights) - set(idle))))
+        trained = sorted(set(weights) - set(idle))
+        logger.info("trainer.loss: %s %s nothing here (%s writes no teacher rows); only %s %s", given, "adds" if len(idle) == 1 else "add",
+                    where, ", ".join(trained), "trains" if len(trained) == 1 else "train")
