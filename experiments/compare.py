@@ -6,6 +6,10 @@ both to the sweep's parent run under compare/, and prints the MLflow UI address 
 When the sweep ran each point with several seeds (`sweep.seeds`, or `seed` swept), it also prints
 each point's mean objective and spread over its seeds (compare_points.csv), best mean first, and
 whether the best point is told apart from the next by more than that spread (Welch's t-test).
+When the jobs evaluated during their runs (eval.every), it ranks the points (arms, e.g.
+experiment=opd_vs_grpo's) by their paired held-out gain with its interval, from the per-item rows
+the jobs logged (compare_gain.csv), says whether the best point is told apart from each other on
+the same items, and plots each point's eval curve, the mean over its seeds (compare_gain.png).
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ import csv
 import json
 import logging
 import math
+import re
 import sys
+import tempfile
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +42,10 @@ class Sweep:
     run_ids: list[str]
     # The objective's metric name, as the jobs recorded it (tag opd.objective).
     objective: str = "objective"
+    # The points ranked by paired held-out gain (`gain_ranking`); empty when no job evaluated twice.
+    ranking: list[dict[str, Any]] = field(default_factory=list)
+    # The jobs' eval.confidence: the level of every interval of the ranking.
+    confidence: float = 0.95
 
     def tie(self) -> float | None:
         """The objective every job reached, when two or more jobs all reached the same one (then
@@ -236,6 +246,171 @@ def write_eval_curves(sweep: Sweep, client: Any, path: Path) -> Path | None:
     return path
 
 
+GAIN_COLUMNS = ("gain", "gain_low", "gain_high", "p")
+
+
+def eval_rows(client: Any, run_id: str, tmp: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """(first, last) per-item rows of a run's evaluations (its `eval/step_<N>.jsonl` artifacts);
+    None when it logged fewer than two."""
+    files = sorted(a.path for a in client.list_artifacts(run_id, "eval") if re.fullmatch(r"eval/step_\d+\.jsonl", a.path))
+    if len(files) < 2:
+        return None
+
+    def read(path: str) -> list[dict[str, Any]]:
+        local = Path(client.download_artifacts(run_id, path, str(tmp / run_id)))
+        return [json.loads(line) for line in local.read_text().splitlines() if line.strip()]
+
+    return read(files[0]), read(files[-1])
+
+
+@dataclass
+class Point:
+    """A sweep point (one arm) and, over its finished seeds, each held-out item's change of
+    accuracy from the run's first evaluation to its last."""
+
+    values: dict[str, str]
+    run_ids: list[str]
+    changes: list[dict[str, float]]
+    first: list[dict[str, float]]
+
+    @property
+    def label(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.values.items()) or "all runs"
+
+    def items(self) -> list[str]:
+        """Items every seed evaluated first and last, in the first seed's order."""
+        return [item for item in self.changes[0] if all(item in c for c in self.changes[1:])]
+
+    def mean_change(self) -> dict[str, float]:
+        """{item: its change averaged over the seeds}."""
+        return {item: sum(c[item] for c in self.changes) / len(self.changes) for item in self.items()}
+
+
+def gain_points(sweep: Sweep, client: Any, tmp: Path) -> list[Point]:
+    """The sweep's points (swept values other than `seed`) with the per-item changes of their
+    finished runs that evaluated at least twice; a finished run without them is logged."""
+    from opd.sinks.evaluation import item_accuracy, item_changes
+
+    others = [key for key in sweep.swept if key != "seed"]
+    grouped: dict[tuple[str, ...], Point] = {}
+    for row in sweep.rows:
+        if row.get("status") != "FINISHED":
+            continue
+        rows = eval_rows(client, row["run_id"], tmp)
+        if rows is None:
+            logger.warning("run %s (%s) has fewer than two evaluations (eval/step_*.jsonl): left out of the paired ranking", row["run"], row["run_id"])
+            continue
+        values = {key: str(row.get(key, "")) for key in others}
+        point = grouped.setdefault(tuple(values.values()), Point(values, [], [], []))
+        point.run_ids.append(row["run_id"])
+        point.changes.append(item_changes(*rows))
+        point.first.append({r["item_id"]: a for r in rows[0] if (a := item_accuracy(r)) is not None})
+    return list(grouped.values())
+
+
+def gain_ranking(points_: list[Point], confidence: float = 0.95) -> list[dict[str, Any]]:
+    """One row per point: its paired held-out gain (the mean over items of each item's change,
+    averaged over the point's seeds) with its bootstrap interval over items and one-sided
+    Wilcoxon p, its seeds and items, and the mean first and final accuracy; best gain first.
+    With one seed this is the run's own `summary/eval_paired_*`."""
+    from opd.sinks.evaluation import paired_statistics
+
+    rows = []
+    for point in points_:
+        change = point.mean_change()
+        stats = paired_statistics(list(change.values()), confidence)
+        first = statistics_mean([sum(f[item] for f in point.first) / len(point.first) for item in change])
+        rows.append({**point.values, "seeds": len(point.run_ids), "items": len(change), **{k: stats[k] for k in GAIN_COLUMNS},
+                     "first_accuracy": first, "final_accuracy": first + stats["gain"], "_point": point})
+    rows.sort(key=lambda r: -r["gain"])
+    return rows
+
+
+def statistics_mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def gain_separation(ranking: list[dict[str, Any]], confidence: float = 0.95) -> list[str]:
+    """Whether the best point stands apart from each other: do the gains' intervals overlap, and
+    the paired difference of the two points' per-item changes on their common items (seed means)
+    with its bootstrap interval; told apart when that interval lies above 0."""
+    from opd.sinks.evaluation import paired_statistics
+
+    if len(ranking) < 2:
+        return []
+    best = ranking[0]
+    lines = [f"best: {best['_point'].label}, paired gain {best['gain']:+.4f} [{best['gain_low']:+.4f}, {best['gain_high']:+.4f}] "
+             f"over {best['items']} items, {best['seeds']} seed(s)"]
+    apart: list[bool] = []
+    for other in ranking[1:]:
+        mine, theirs = best["_point"].mean_change(), other["_point"].mean_change()
+        stats = paired_statistics([mine[item] - theirs[item] for item in mine if item in theirs], confidence)
+        overlap = best["gain_low"] <= other["gain_high"]
+        told = stats["gain_low"] > 0
+        apart.append(told)
+        lines.append(f"  vs {other['_point'].label} ({other['gain']:+.4f} [{other['gain_low']:+.4f}, {other['gain_high']:+.4f}]): intervals "
+                     f"{'overlap' if overlap else 'do not overlap'}; best minus it, paired on {int(stats['items'])} items: "
+                     f"{stats['gain']:+.4f} [{stats['gain_low']:+.4f}, {stats['gain_high']:+.4f}]: {'told apart' if told else 'NOT told apart'}")
+    close = [other["_point"].label for other, told in zip(ranking[1:], apart) if not told]
+    lines.append("the best is told apart from every other" if not close else
+                 f"the best is NOT told apart from {', '.join(close)}: which of them is best is not established")
+    return lines
+
+
+def mean_curves(points_: list[Point], client: Any) -> dict[str, tuple[str, list[int], list[float], list[float], list[float]]]:
+    """{point label: (metric, steps, mean, min, max)}: each point's held-out sampled accuracy
+    (greedy where no run sampled) at the steps all its seeds evaluated, mean and range over them."""
+    out = {}
+    for point in points_:
+        for name in EVAL_CURVES:
+            histories = [{m.step: m.value for m in client.get_metric_history(run_id, name)} for run_id in point.run_ids]
+            steps = sorted(set.intersection(*(set(h) for h in histories)))
+            if len(steps) > 1:
+                out[point.label] = (name, steps, [sum(h[s] for h in histories) / len(histories) for s in steps],
+                                    [min(h[s] for h in histories) for s in steps], [max(h[s] for h in histories) for s in steps])
+                break
+    return out
+
+
+def write_gain_curves(points_: list[Point], ranking: list[dict[str, Any]], client: Any, path: Path) -> Path | None:
+    """One figure, one line per point (`mean_curves`: the mean over its seeds, their range as a
+    band), labelled with its paired gain and interval; None when no run logged a curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = mean_curves(points_, client)
+    if not curves:
+        return None
+    gains = {r["_point"].label: r for r in ranking}
+    seeds = sorted({len(p.run_ids) for p in points_})
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ranked = [r["_point"].label for r in ranking if r["_point"].label in curves]
+    for label in ranked + [label for label in curves if label not in ranked]:  # the legend reads best first
+        _, steps, mean, low, high = curves[label]
+        row = gains.get(label)
+        text = label + (f"  {row['gain']:+.3f} [{row['gain_low']:+.3f}, {row['gain_high']:+.3f}]" if row else "")
+        (line,) = ax.plot(steps, mean, marker="o", label=text)
+        if max(seeds) > 1:
+            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("groups written")
+    ax.set_ylabel(" / ".join(sorted({name for name, *_ in curves.values()})))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best", title="paired gain [interval]", title_fontsize=8)
+    band = " (band: their range)" if max(seeds) > 1 else ""
+    ax.set_title(f"held-out accuracy per sweep point, mean over {'/'.join(map(str, seeds))} seed(s){band}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _public(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows without their private (`_`) fields, for tables and CSV files."""
+    return [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]
+
+
 def ui_address(sweep: Sweep, host: str) -> str:
     """The MLflow UI's compare view of the sweep's runs."""
     runs = urllib.parse.quote(json.dumps(sweep.run_ids, separators=(",", ":")))
@@ -258,7 +433,16 @@ def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None =
     png_path = write_plot(sweep, out_dir / "compare.png")
     client = mlflow.MlflowClient(uri)
     curves = write_eval_curves(sweep, client, out_dir / "compare_eval.png")
-    for path in (csv_path, png_path, curves, points_path):
+    gain_csv = gain_png = None
+    if any(_number(row.get("eval_paired_gain")) is not None for row in sweep.rows):
+        sweep.confidence = float(client.get_run(sweep.run_ids[0]).data.params.get("eval.confidence", 0.95))
+        with tempfile.TemporaryDirectory(prefix="opd-compare-") as tmp:
+            found = gain_points(sweep, client, Path(tmp))
+        sweep.ranking = gain_ranking(found, sweep.confidence)
+        if sweep.ranking:
+            gain_csv = write_csv(_public(sweep.ranking), out_dir / "compare_gain.csv")
+            gain_png = write_gain_curves(found, sweep.ranking, client, out_dir / "compare_gain.png")
+    for path in (csv_path, png_path, curves, points_path, gain_csv, gain_png):
         if path is not None:
             client.log_artifact(parent_run_id, str(path), artifact_path="compare")
     if sweep.ranked_by_its_own_reward():
@@ -285,6 +469,11 @@ def main(argv: list[str] | None = None) -> int:
     if per_point:
         sys.stdout.write("per sweep point, over its seeds:\n" + table([{k: v for k, v in r.items() if k != "objectives"} for r in per_point]) + "\n")
         sys.stdout.write(separation(per_point) + "\n\n")
+    if sweep.ranking:
+        sys.stdout.write("ranked by paired held-out gain (each item's accuracy at the run's last evaluation minus its first, on the same "
+                         "items and seeded samples; the mean over seeds per item):\n" + table(_public(sweep.ranking)) + "\n")
+        sys.stdout.write("\n".join(gain_separation(sweep.ranking, sweep.confidence)) + "\n")
+        sys.stdout.write(f"(compare_gain.csv; the points' eval curves in compare_gain.png, in {csv_path.parent})\n\n")
     sys.stdout.write(f"ranked by: {sweep.objective}\ntable: {csv_path}\nplot:  {png_path}\n(logged to the parent run {sweep.parent_run_id} under compare/, with compare_eval.png when the runs evaluated)\n\n")
     sys.stdout.write(f"MLflow UI:  mlflow ui --backend-store-uri {sweep.tracking_uri}\ncompare view: {address}\n")
     return 0

@@ -47,7 +47,7 @@ def vocabulary_size(model: str) -> int | None:
 
 def preflight(cfg: Config, model: str) -> None:
     """What can be checked before any server starts or any request is sent: the reward's weights
-    against its rubric's signals, the sinks' names, trainer.loss against the loss terms, top-K against the model's vocabulary, and running servers (server=vllm, judge=server) answering and serving the
+    against its rubric's signals, the sinks' names, trainer.loss against the loss terms (and the teacher rows they need), top-K against the model's vocabulary, and running servers (server=vllm, judge=server) answering and serving the
     model. Each failure is a ConfigError naming the key."""
     from opd.rewards.rubric import RubricError
     from opd.serving.watch import check_servers
@@ -65,6 +65,9 @@ def preflight(cfg: Config, model: str) -> None:
 
         if unknown := unknown_terms(cfg.trainer.loss):
             raise ConfigError(f"trainer.loss: no loss term named {', '.join(unknown)} (terms: {', '.join(LOSS_TERMS)})", "trainer.loss")
+        from opd.train.teacher_terms import check_loss_weights
+
+        check_loss_weights(cfg)
     vocab = vocabulary_size(model)
     if vocab is not None:
         for key, value in (("distill_topk", cfg.distill_topk), ("server.max_logprobs", cfg.server.max_logprobs)):

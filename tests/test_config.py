@@ -321,7 +321,12 @@ BAD_RUNS = [
     (["eval.seed=-1"], "eval.seed must be in [0, 2**31) or null (unseeded)"),
     (["eval.confidence=1.5"], "eval.confidence must be in (0, 1)"),
     (["sweep.seeds=0"], "sweep.seeds must be >= 1"),
-    (["trainer=local", "trainer.loss.pg=0"], "trainer.loss.pg must be > 0 for any environment but opd_coding"),
+    # A loss that would train nothing: its only weighted term needs teacher rows that nothing writes.
+    (["trainer=local", "trainer.loss.pg=0"], "trainer.loss: opd_advantage=1 needs teacher rows and env=inline_math without a teacher writes none"),
+    (["arm=opd"], "trainer.loss: opd_advantage=1 needs teacher rows and env=inline_math without a teacher writes none, so trainer=local would train nothing"),
+    (["env=opd_coding", "env.opd.enabled=false", "arm=opd", "trainer.loss.topk_kl=0.5"],
+     "trainer.loss: opd_advantage=1, topk_kl=0.5 need teacher rows and env=opd_coding without a teacher writes none"),
+    (["trainer=local", "trainer.loss.pg=0", "trainer.loss.opd_advantage=0"], "trainer.loss must be weights that are not all 0"),
     (["trainer=local", "trainer.loss.topk_kl=-1"], "trainer.loss.topk_kl must be >= 0"),
     (["env=opd_coding", "reward.pass_threshold=1.5"], "reward.pass_threshold must be in [0, 1]"),
     (["sinks=[mlflow,wandb]"], "sinks: no sink named 'wandb'"),

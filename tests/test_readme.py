@@ -51,6 +51,8 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m experiments.launch experiment=closed_loop_inline_math": ("compose", "17 minutes of CPU training"),
     "python -m experiments.launch -m experiment=reward_sweep_closed_loop && python -m experiments.compare outputs/sweeps/<date>/<time>":
         ("compose", "two closed loops; compare is run on the reward sweep below"),
+    "python -m experiments.launch -m experiment=opd_vs_grpo && python -m experiments.compare outputs/sweeps/<date>/<time>":
+        ("compose", "six closed loops (an hour of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),
     "python -m experiments.bench loop": ("help", "a closed-loop iteration: minutes"),
     "python -m experiments.launch dataset=math_local dataset.path=/data/problems.jsonl dataset.prompt_field=question": ("run", "on a file of questions"),
     "python -m experiments.launch reward.weights.tool_use=0.5 env.max_tool_calls=5": ("run", ""),

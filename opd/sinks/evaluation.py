@@ -102,28 +102,38 @@ def item_accuracy(row: dict[str, Any]) -> float | None:
 
 def paired_change(first: list[dict[str, Any]], last: list[dict[str, Any]], confidence: float = 0.95, resamples: int = 10_000) -> dict[str, float]:
     """Did held-out accuracy rise from the first evaluation to the last, beyond the noise? Paired
-    over the same items (per-item accuracy, `item_accuracy`):
-    - `summary/eval_paired_gain`: the mean per-item change;
-    - `summary/eval_paired_gain_low` / `_high`: its `confidence` interval, a percentile bootstrap
-      over items (`resamples` resamples, a fixed seed: the same rows give the same interval);
-    - `summary/eval_paired_p`: Wilcoxon's signed-rank test, one-sided (a rise), items whose
-      accuracy did not change left out."""
+    over the same items (per-item accuracy, `item_accuracy`), as `paired_statistics` of the
+    per-item changes, under the `summary/eval_paired_*` names."""
+    stats = paired_statistics(list(item_changes(first, last).values()), confidence, resamples)
+    return {f"summary/eval_paired_{name}": value for name, value in stats.items()}
+
+
+def item_changes(first: list[dict[str, Any]], last: list[dict[str, Any]]) -> dict[str, float]:
+    """{item id: its accuracy in `last` minus in `first`} over the items both evaluated."""
+    before = {row["item_id"]: item_accuracy(row) for row in first}
+    return {row["item_id"]: after - before[row["item_id"]] for row in last
+            if before.get(row["item_id"]) is not None and (after := item_accuracy(row)) is not None}
+
+
+def paired_statistics(diffs: list[float], confidence: float = 0.95, resamples: int = 10_000) -> dict[str, float]:
+    """Paired per-item differences, summarised:
+    - `gain`: their mean;
+    - `gain_low` / `gain_high`: its `confidence` interval, a percentile bootstrap over items
+      (`resamples` resamples, a fixed seed: the same differences give the same interval);
+    - `p`: Wilcoxon's signed-rank test, one-sided (a rise), zero differences left out;
+    - `items`, `items_changed`: how many differences, how many not zero."""
     import numpy as np
     from scipy.stats import wilcoxon
 
-    before = {row["item_id"]: item_accuracy(row) for row in first}
-    pairs = [(before[row["item_id"]], item_accuracy(row)) for row in last if before.get(row["item_id"]) is not None and item_accuracy(row) is not None]
-    diffs = np.array([b - a for a, b in pairs], dtype=np.float64)
-    changed = diffs[diffs != 0]
+    values = np.array(diffs, dtype=np.float64)
+    changed = values[values != 0]
     p = float(wilcoxon(changed, alternative="greater").pvalue) if len(changed) >= 2 else 1.0
-    gain = float(diffs.mean()) if len(diffs) else 0.0
+    gain = float(values.mean()) if len(values) else 0.0
     low = high = gain
-    if len(diffs) >= 2:
-        means = np.random.default_rng(0).choice(diffs, size=(resamples, len(diffs)), replace=True).mean(axis=1)
+    if len(values) >= 2:
+        means = np.random.default_rng(0).choice(values, size=(resamples, len(values)), replace=True).mean(axis=1)
         low, high = (float(x) for x in np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2]))
-    return {"summary/eval_paired_items": float(len(pairs)), "summary/eval_paired_items_changed": float(len(changed)),
-            "summary/eval_paired_gain": gain, "summary/eval_paired_gain_low": low, "summary/eval_paired_gain_high": high,
-            "summary/eval_paired_p": p}
+    return {"items": float(len(values)), "items_changed": float(len(changed)), "gain": gain, "gain_low": low, "gain_high": high, "p": p}
 
 
 def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:

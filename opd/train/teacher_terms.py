@@ -1,0 +1,49 @@
+"""Which `trainer.loss` terms learn only from teacher rows, and whether a run writes any.
+
+A loss whose every weighted term needs teacher rows trains nothing in a run whose records carry
+none (inline_math without a teacher and `pg=0`): `check_loss_weights` refuses it before any server
+starts. A weighted teacher term beside `pg` in such a run only adds nothing: said once, in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from opd.config import ConfigError
+
+logger = logging.getLogger(__name__)
+
+# Terms of opd/train/losses.py that read only the teacher's rows (`overrides[i].teacher_logprobs`,
+# `distill_token_ids`/`distill_logprobs`): 0, with no gradient, on records without them.
+TEACHER_TERMS = frozenset({"opd_advantage", "topk_kl"})
+
+
+def teacher_source(cfg: Any) -> str | None:
+    """What writes teacher rows into this run's records, in the config's words (`teacher=model`,
+    `env=opd_coding's hinted teacher (env.opd.enabled)`); None when nothing does."""
+    kind = getattr(getattr(cfg, "teacher", None), "kind", None)
+    if kind is not None:  # the `teacher` group decides where the config has one
+        return None if kind == "none" else f"teacher={kind}"
+    if getattr(getattr(cfg.env, "opd", None), "enabled", False):
+        return f"env={cfg.env.name}'s hinted teacher (env.opd.enabled)"
+    return None
+
+
+def check_loss_weights(cfg: Any) -> None:
+    """Refuse (ConfigError naming `trainer.loss`) a loss that would train nothing: every non-zero
+    weight on a term that needs teacher rows where nothing writes them (all weights 0 fail earlier,
+    in the schema)."""
+    weights = {name: float(weight) for name, weight in cfg.trainer.loss.items() if weight}
+    if teacher_source(cfg) is not None:
+        return
+    idle = sorted(set(weights) & TEACHER_TERMS)
+    given = ", ".join(f"{name}={weights[name]:g}" for name in idle)
+    where = f"env={cfg.env.name} without a teacher"
+    if len(idle) == len(weights):
+        raise ConfigError(f"trainer.loss: {given} {'needs' if len(idle) == 1 else 'need'} teacher rows and {where} writes none, so trainer=local would train nothing; "
+                          "give trainer.loss.pg a weight > 0 (arm=grpo, arm=mix) or the run a teacher", "trainer.loss")
+    if idle:
+        trained = sorted(set(weights) - set(idle))
+        logger.info("trainer.loss: %s %s nothing here (%s writes no teacher rows); only %s %s", given, "adds" if len(idle) == 1 else "add",
+                    where, ", ".join(trained), "trains" if len(trained) == 1 else "train")

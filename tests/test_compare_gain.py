@@ -1,0 +1,151 @@
+"""experiments.compare's ranking of sweep points by paired held-out gain (experiment=opd_vs_grpo's
+arms), on MLflow's real store with runs logged here as the launcher logs them: swept values as
+params, eval/* histories, the per-item rows of each evaluation as eval/step_<N>.jsonl artifacts."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from opd.sinks.evaluation import paired_change
+
+ITEMS = 30
+SAMPLES = 8
+
+
+def _rows(correct: list[int]) -> list[dict]:
+    return [{"item_id": f"i{n}", "kind": "parity", "greedy_correct": False, "samples": SAMPLES, "sampled_correct": c}
+            for n, c in enumerate(correct)]
+
+
+def _final(rng: random.Random, start: list[int], rise: float) -> list[int]:
+    """Each item's correct samples after training: `rise` of the way to all correct, plus noise."""
+    return [max(0, min(SAMPLES, round(c + rise * (SAMPLES - c) + rng.choice([-1, 0, 0, 1])))) for c in start]
+
+
+def _log_sweep(tmp_path: Path, rises: dict[str, list[float]], failed: str | None = None) -> tuple[str, str, dict]:
+    """A parent run and one child per arm and seed, as a sweep of `arm` with sweep.seeds logs them:
+    three evaluations each (steps 0, 8, 16), the first the same for every job (same checkpoint,
+    same seeded samples). `failed`: an arm whose job is logged FAILED with no evaluation."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("inline_math", artifact_location=str(tmp_path / "mlruns"))
+    parent = client.create_run(experiment, run_name="sweep", tags={"opd.swept": "arm,seed"}).info.run_id
+    rng = random.Random(0)
+    start = [rng.randint(0, 4) for _ in range(ITEMS)]
+    logged: dict = {}
+    arms = dict(rises)
+    if failed:
+        arms[failed] = []
+    for arm, seeds in arms.items():
+        for seed, rise in enumerate(seeds or [0.0]):
+            run = client.create_run(experiment, run_name=f"arm={arm},seed={seed}",
+                                    tags={"mlflow.parentRunId": parent, "opd.objective": "summary/eval_paired_gain"}).info.run_id
+            client.log_param(run, "arm", arm)
+            client.log_param(run, "seed", str(seed))
+            client.log_param(run, "eval.confidence", "0.95")
+            if arm == failed:
+                client.set_terminated(run, "FAILED")
+                continue
+            evaluations = [_rows(start), _rows(_final(rng, start, rise / 2)), _rows(_final(rng, start, rise))]
+            for step, rows in zip((0, 8, 16), evaluations):
+                path = tmp_path / run / f"step_{step:06d}.jsonl"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+                client.log_artifact(run, str(path), "eval")
+                client.log_metric(run, "eval/sampled_accuracy", sum(r["sampled_correct"] for r in rows) / (ITEMS * SAMPLES), step=step)
+            summary = paired_change(evaluations[0], evaluations[-1])
+            for name, value in summary.items():
+                client.log_metric(run, name, value)
+            client.log_metric(run, "objective", summary["summary/eval_paired_gain"])
+            client.set_terminated(run, "FINISHED")
+            logged[(arm, seed)] = (run, summary, evaluations)
+    client.set_terminated(parent, "FINISHED")
+    return parent, uri, logged
+
+
+def test_arms_are_ranked_by_paired_gain_with_the_runs_own_interval_and_the_best_told_apart(tmp_path: Path) -> None:
+    from experiments.compare import compare, gain_separation
+
+    parent, uri, logged = _log_sweep(tmp_path, {"grpo": [0.05], "opd": [0.3], "mix": [0.6]}, failed="broken")
+    sweep, *_ = compare(parent, uri, out_dir=tmp_path / "out")
+    assert [r["arm"] for r in sweep.ranking] == ["mix", "opd", "grpo"]  # the FAILED arm is not ranked
+    for row in sweep.ranking:
+        _, summary, _ = logged[(row["arm"], 0)]
+        # One seed: exactly the run's own summary (same items, same bootstrap).
+        for column in ("gain", "gain_low", "gain_high", "p"):
+            assert row[column] == pytest.approx(summary[f"summary/eval_paired_{column}"]), column
+        assert row["seeds"] == 1 and row["items"] == ITEMS
+        assert row["final_accuracy"] == pytest.approx(row["first_accuracy"] + row["gain"])
+    lines = gain_separation(sweep.ranking, sweep.confidence)
+    assert lines[0].startswith("best: arm=mix, paired gain +")
+    assert "vs arm=opd" in lines[1] and ": told apart" in lines[1] and "vs arm=grpo" in lines[2] and ": told apart" in lines[2]
+    assert lines[-1] == "the best is told apart from every other"
+    with (tmp_path / "out" / "compare_gain.csv").open() as handle:
+        assert handle.readline().strip().split(",")[:6] == ["arm", "seeds", "items", "gain", "gain_low", "gain_high"]
+    import mlflow
+
+    logged_files = {Path(a.path).name for a in mlflow.MlflowClient(uri).list_artifacts(parent, "compare")}
+    assert {"compare_gain.csv", "compare_gain.png"} <= logged_files
+    assert (tmp_path / "out" / "compare_gain.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_over_seeds_each_arm_is_one_line_the_mean_of_its_seeds_with_their_range_and_close_arms_are_not_told_apart(tmp_path: Path) -> None:
+    import mlflow
+
+    from experiments.compare import gain_points, gain_ranking, gain_separation, load, mean_curves
+
+    parent, uri, logged = _log_sweep(tmp_path, {"grpo": [0.30, 0.34], "opd": [0.32, 0.28], "mix": [0.0, 0.02]})
+    client = mlflow.MlflowClient(uri)
+    points = gain_points(load(parent, uri), client, tmp_path / "downloads")
+    ranking = gain_ranking(points)
+    assert {r["arm"] for r in ranking[:2]} == {"grpo", "opd"} and ranking[2]["arm"] == "mix" and all(r["seeds"] == 2 for r in ranking)
+    # The gain is the mean over items of each item's change averaged over the seeds.
+    grpo = next(r for r in ranking if r["arm"] == "grpo")
+    changes = [[(b["sampled_correct"] - a["sampled_correct"]) / SAMPLES for a, b in zip(ev[0], ev[-1])]
+               for (arm, _), (_, _, ev) in sorted(logged.items()) if arm == "grpo"]
+    assert grpo["gain"] == pytest.approx(sum(sum(c) for c in changes) / (2 * ITEMS))
+    assert grpo["gain_low"] < grpo["gain"] < grpo["gain_high"]
+    lines = gain_separation(ranking)
+    assert "NOT told apart" in lines[1] and lines[-1] == f"the best is NOT told apart from arm={ranking[1]['arm']}: which of them is best is not established"
+    assert "told apart" in lines[2] and "NOT" not in lines[2]  # against mix, which barely moved
+    curves = mean_curves(points, client)
+    assert set(curves) == {"arm=grpo", "arm=opd", "arm=mix"}
+    name, steps, mean, low, high = curves["arm=opd"]
+    assert name == "eval/sampled_accuracy" and steps == [0, 8, 16]
+    finals = [sum(r["sampled_correct"] for r in ev[-1]) / (ITEMS * SAMPLES) for (arm, _), (_, _, ev) in logged.items() if arm == "opd"]
+    assert mean[-1] == pytest.approx(sum(finals) / 2) and (low[-1], high[-1]) == pytest.approx((min(finals), max(finals)))
+    assert low[0] == high[0]  # every job starts from the same evaluation
+
+
+def test_the_command_prints_the_ranking_and_its_verdict(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from experiments.compare import main
+
+    parent, uri, _ = _log_sweep(tmp_path, {"grpo": [0.05], "mix": [0.6]})
+    assert main([parent, "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "ranked by paired held-out gain" in out and "best: arm=mix" in out and "vs arm=grpo" in out
+    assert out.index("arm=mix") < out.index("vs arm=grpo")
+
+
+def test_a_sweep_without_evaluations_has_no_gain_ranking(tmp_path: Path) -> None:
+    import mlflow
+
+    from experiments.compare import compare
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("x", artifact_location=str(tmp_path / "mlruns"))
+    parent = client.create_run(experiment, tags={"opd.swept": "env.temperature"}).info.run_id
+    for value in ("0.5", "1.0"):
+        run = client.create_run(experiment, tags={"mlflow.parentRunId": parent}).info.run_id
+        client.log_param(run, "env.temperature", value)
+        client.log_metric(run, "objective", float(value))
+        client.set_terminated(run, "FINISHED")
+    sweep, *_ = compare(parent, uri, out_dir=tmp_path / "out")
+    assert sweep.ranking == [] and not (tmp_path / "out" / "compare_gain.csv").exists()

@@ -1,0 +1,98 @@
+"""Loss terms that need teacher rows (opd/train/teacher_terms.py), and the experiment's arms
+(conf/arm/, conf/experiment/opd_vs_grpo.yaml): one budget, loss weights the only difference."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import compose
+from opd.config import ConfigError, validate
+from test_train import recorded_group
+
+torch = pytest.importorskip("torch")
+
+
+def test_the_terms_said_to_need_teacher_rows_are_exactly_those_that_learn_nothing_without_them() -> None:
+    from opd.train.batch import make_batch
+    from opd.train.losses import LOSS_TERMS, terms
+    from opd.train.teacher_terms import TEACHER_TERMS
+
+    assert TEACHER_TERMS <= set(LOSS_TERMS)
+    logits = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(0))
+
+    def gradient(name: str, teacher: bool) -> float:
+        x = logits.clone().requires_grad_(True)
+        loss = terms(x, make_batch([recorded_group([0.0, 1.0], teacher=teacher)]), 0.2, names=[name]).losses[name]
+        if not loss.requires_grad:
+            return 0.0
+        loss.backward()
+        return float(x.grad.abs().sum()) if x.grad is not None else 0.0
+
+    for name in LOSS_TERMS:
+        without = gradient(name, teacher=False)
+        if name in TEACHER_TERMS:
+            assert without == 0.0, f"{name} learns from records without teacher rows"
+            assert gradient(name, teacher=True) > 0, f"{name} learns nothing from teacher rows either"
+        else:
+            assert without > 0, f"{name} needs teacher rows but is not in TEACHER_TERMS"
+
+
+def test_teacher_rows_come_from_opd_codings_hinted_teacher_or_a_teacher_group_and_never_from_plain_inline_math() -> None:
+    from opd.train.teacher_terms import teacher_source
+
+    assert teacher_source(validate(compose(["trainer=local"]))) is None
+    assert teacher_source(validate(compose(["env=opd_coding", "trainer=local"]))) == "env=opd_coding's hinted teacher (env.opd.enabled)"
+    assert teacher_source(validate(compose(["env=opd_coding", "env.opd.enabled=false", "trainer=local"]))) is None
+    # The `teacher` group (issue 26, part A) decides wherever the config has one.
+    math = validate(compose(["trainer=local"]))
+    assert teacher_source(SimpleNamespace(env=math.env, teacher=SimpleNamespace(kind="model"))) == "teacher=model"
+    coding = validate(compose(["env=opd_coding", "trainer=local"]))
+    assert teacher_source(SimpleNamespace(env=coding.env, teacher=SimpleNamespace(kind="none"))) is None
+
+
+def test_a_teacher_term_with_nothing_to_read_is_refused_alone_and_said_beside_pg(caplog: pytest.LogCaptureFixture) -> None:
+    from opd.train.teacher_terms import check_loss_weights
+
+    with pytest.raises(ConfigError, match="trainer.loss: opd_advantage=1 needs teacher rows and env=inline_math without a teacher writes none") as info:
+        check_loss_weights(validate(compose(["arm=opd"])))
+    assert info.value.key == "trainer.loss"
+    with caplog.at_level(logging.INFO, logger="opd.train.teacher_terms"):
+        check_loss_weights(validate(compose(["arm=mix"])))
+    assert "opd_advantage=1 adds nothing here (env=inline_math without a teacher writes no teacher rows); only pg trains" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="opd.train.teacher_terms"):
+        check_loss_weights(validate(compose(["arm=grpo"])))
+        check_loss_weights(validate(compose(["env=opd_coding", "arm=opd"])))  # the hinted teacher writes rows
+        check_loss_weights(SimpleNamespace(env=validate(compose(["arm=opd"])).env, trainer=validate(compose(["arm=opd"])).trainer,
+                                           teacher=SimpleNamespace(kind="model")))
+    assert caplog.text == ""
+
+
+def test_each_arm_sets_every_loss_weight_and_selects_the_reference_trainer() -> None:
+    weights = {arm: dict(validate(compose([f"arm={arm}"])).trainer.loss) for arm in ("grpo", "opd", "mix")}
+    assert weights == {"grpo": {"pg": 1.0, "opd_advantage": 0.0, "topk_kl": 0.0},
+                       "opd": {"pg": 0.0, "opd_advantage": 1.0, "topk_kl": 0.0},
+                       "mix": {"pg": 1.0, "opd_advantage": 1.0, "topk_kl": 0.0}}
+    assert validate(compose(["arm=grpo"])).trainer.kind == "local"
+    # The command line still wins over an arm.
+    assert validate(compose(["arm=opd", "trainer.loss.topk_kl=0.5"])).trainer.loss["topk_kl"] == 0.5
+
+
+def test_the_experiments_arms_share_one_budget_and_differ_only_in_the_loss_weights() -> None:
+    from omegaconf import OmegaConf
+
+    from opd.config import compose as compose_with_hydra
+
+    configs = {arm: validate(compose(["experiment=opd_vs_grpo", f"arm={arm}"])) for arm in ("grpo", "opd", "mix")}
+    flat = {arm: OmegaConf.to_container(OmegaConf.structured(cfg)) for arm, cfg in configs.items()}
+    for tree in flat.values():
+        del tree["trainer"]["loss"]
+    assert flat["grpo"] == flat["opd"] == flat["mix"]
+    cfg = configs["mix"]
+    assert cfg.dataset.kinds is None and cfg.trainer.kind == "local" and cfg.eval.every == cfg.trainer.batch_groups
+    assert cfg.sweep.objective == "summary/eval_paired_gain" and cfg.eval.samples_per_item > 0 and cfg.eval.seed is not None
+    sweeper = compose_with_hydra(["experiment=opd_vs_grpo"], hydra=True).hydra.sweeper.params
+    assert dict(sweeper) == {"arm": "grpo,opd,mix"}
