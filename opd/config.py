@@ -505,6 +505,60 @@ class JudgeServerConfig(JudgeConfig):
         _check(bool(self.model), "judge.model", "set when judge.kind=server", self.model)
 
 
+# ---- the teacher (conf/teacher/) --------------------------------------------------------------
+
+
+@dataclass
+class TeacherConfig:
+    """teacher=none | self_hint (conf/teacher/): no teacher, or the policy given a hindsight hint."""
+
+    kind: str = MISSING
+    hint: bool = MISSING
+
+    def __post_init__(self) -> None:
+        _one_of("teacher.kind", self.kind, ("none", "self_hint", "model"))
+        if type(self) is TeacherConfig:
+            _check(self.kind != "model", "teacher.kind", "none or self_hint here; choose a teacher model with teacher=model", self.kind)
+            _check(self.hint == (self.kind == "self_hint"), "teacher.hint", f"{self.kind == 'self_hint'} with teacher={self.kind}", self.hint)
+
+
+@dataclass
+class TeacherServerConfig:
+    """teacher.server of teacher=model: where the teacher runs (conf/teacher/model.yaml)."""
+
+    model: str = MISSING
+    base_url: Optional[str] = MISSING
+    api_key: str = MISSING
+    dtype: str = MISSING
+    max_model_len: int = MISSING
+    cpu_kv_cache_gib: int = MISSING
+    startup_timeout_s: float = MISSING
+    extra_args: list[str] = MISSING
+
+    def __post_init__(self) -> None:
+        _check(bool(self.model), "teacher.server.model", "a model directory or name", self.model)
+        if self.base_url is not None:
+            _check(self.base_url.startswith(("http://", "https://")), "teacher.server.base_url", "an http(s) URL or null (served here)", self.base_url)
+        _at_least("teacher.server.max_model_len", self.max_model_len, 16)
+        _at_least("teacher.server.cpu_kv_cache_gib", self.cpu_kv_cache_gib, 1)
+        _at_least("teacher.server.startup_timeout_s", self.startup_timeout_s, 1)
+
+
+@dataclass
+class ModelTeacherConfig(TeacherConfig):
+    """teacher=model: a separate model scores every sampled token (conf/teacher/model.yaml)."""
+
+    topk: int = MISSING
+    max_concurrent: int = MISSING
+    server: TeacherServerConfig = MISSING
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _one_of("teacher.kind", self.kind, ("model",))
+        _at_least("teacher.topk", self.topk, 1)
+        _at_least("teacher.max_concurrent", self.max_concurrent, 1)
+
+
 # ---- the run (conf/tracking/, conf/runner/, conf/config.yaml) --------------------------------
 
 
@@ -714,6 +768,7 @@ class Config:
     reward: Any = MISSING
     server: Any = MISSING
     judge: Any = MISSING
+    teacher: Any = MISSING
     tracking: TrackingConfig = MISSING
     runner: RunnerConfig = MISSING
     sweep: SweepConfig = MISSING
@@ -749,8 +804,18 @@ class Config:
                    f"<= server.max_requests_in_flight ({self.server.max_requests_in_flight}; each worker needs a request slot)", self.runner.workers)
         if self.trainer.kind == "local":
             _check(self.mode == "train", "trainer", "used with mode=train (trainer=local trains on the groups it writes)", f"trainer={self.trainer.kind}, mode={self.mode}")
-            _check(getattr(self.env, "name", None) == "opd_coding" or self.trainer.loss.get("pg", 0) > 0, "trainer.loss.pg",
-                   "> 0 for any environment but opd_coding (only its records carry teacher rows for the OPD terms)", self.trainer.loss.get("pg", 0))
+            _check(self.teacher.kind != "none" or self.trainer.loss.get("pg", 0) > 0, "trainer.loss.pg",
+                   "> 0 with teacher=none (only a teacher's rows feed the OPD terms)", self.trainer.loss.get("pg", 0))
+        opd = getattr(self.env, "opd", None)
+        if self.teacher.kind == "self_hint":
+            _check(opd is not None, "teacher", "none or model with this env (teacher=self_hint needs the judge's hints: env=opd_coding)",
+                   f"teacher=self_hint, env={getattr(self.env, 'name', '?')}")
+        if opd is not None and opd.enabled and self.teacher.kind == "none":
+            raise ConfigError("env.opd.enabled: true judges turns for hints, but teacher=none takes none; choose teacher=self_hint, "
+                              "teacher=model teacher.hint=true, or env.opd.enabled=false", "env.opd.enabled")
+        if self.teacher.kind == "model":
+            _check(self.runner.workers == 1, "runner.workers", "1 with teacher=model (environment workers on Ray carry no teacher yet)", self.runner.workers)
+            _check(not self.teacher.hint or opd is not None, "teacher.hint", "false with this env (only opd_coding judges turns for hints)", self.teacher.hint)
 
 
 _SCHEMAS = {
@@ -760,6 +825,7 @@ _SCHEMAS = {
     "reward": {"inline_math_schema": InlineMathRewardConfig, "opd_coding_schema": OPDCodingRewardConfig},
     "server": {"local_schema": LocalServerConfig, "vllm_schema": RemoteServerConfig},
     "judge": {"policy_schema": JudgeConfig, "server_schema": JudgeServerConfig},
+    "teacher": {"none_schema": TeacherConfig, "self_hint_schema": TeacherConfig, "model_schema": ModelTeacherConfig},
     "dataset": {"dataset_schema": DatasetConfig},
     "sandbox": {"sandbox_schema": SandboxConfig},
     "tracking": {"tracking_schema": TrackingConfig},
@@ -891,6 +957,7 @@ _REQUIRED = {
     "server.base_urls": "server=vllm needs its servers' addresses: server.base_urls=[http://host:8000/v1]",
     "judge.base_url": "judge=server needs its server's address: judge.base_url=http://host:8000/v1",
     "judge.model": "judge=server needs the model name its server serves: judge.model=NAME",
+    "teacher.server.model": "teacher=model needs its model: teacher.server.model=DIR_OR_NAME (a base_url's served name, or one the run serves)",
 }
 
 
