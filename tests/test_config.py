@@ -254,7 +254,7 @@ BAD_RUNS = [
     (["eval.seed=-1"], "eval.seed must be in [0, 2**31) or null (unseeded)"),
     (["eval.confidence=1.5"], "eval.confidence must be in (0, 1)"),
     (["sweep.seeds=0"], "sweep.seeds must be >= 1"),
-    (["trainer=local", "trainer.loss.pg=0"], "trainer.loss.pg must be > 0 for any environment but opd_coding"),
+    (["trainer=local", "trainer.loss.pg=0"], "trainer.loss.pg must be > 0 with teacher=none"),
     (["trainer=local", "trainer.loss.topk_kl=-1"], "trainer.loss.topk_kl must be >= 0"),
     (["env=opd_coding", "reward.pass_threshold=1.5"], "reward.pass_threshold must be in [0, 1]"),
     (["sinks=[mlflow,wandb]"], "sinks: no sink named 'wandb'"),

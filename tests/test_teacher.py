@@ -18,7 +18,8 @@ from opd.data.sources import TaskSet
 from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, check_group
 from opd.serving.vllm_client import Generation, PromptScores
 from scripted import ScriptedClient, build_env, text_generator
-from test_opd_coding_env import BAD, GOOD, RUN, TASK, Script, call
+from test_closed_loop import restores_the_fixture_weights  # noqa: F401  (a fixture)
+from test_opd_coding_env import BAD, RUN, TASK, Script, call
 
 MATH_CALL = '<think>\nI will compute 2 + 3.\n<tool_call>\n{"name": "calculator", "arguments": {"expr": "2 + 3"}}\n</tool_call>'
 MATH_ANSWER = "The tool gives 5.\n</think>\n\nThe answer is \\boxed{5}.<|im_end|>"
@@ -229,3 +230,52 @@ def test_the_trainer_reads_a_teacher_row_on_every_trained_token_and_keeps_equal_
 
     trainable = LocalTrainer.trainable(SimpleNamespace(cfg=SimpleNamespace(equal_score_groups="drop")), [group, {**group, "overrides": [{}, {}]}])
     assert trainable == ([group], 1)
+
+
+@pytest.fixture
+def stand_in_teacher(fixture_model: str, tmp_path: Path) -> str:
+    """A stand-in teacher: the fixture's files (the very same tokenizer) with every weight nudged,
+    so teacher != student on every token."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "stand_in_teacher"
+    shutil.copytree(fixture_model, out)
+    model = AutoModelForCausalLM.from_pretrained(fixture_model, torch_dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for tensor in model.parameters():
+            tensor.add_(torch.randn(tensor.shape, generator=generator) * 0.05 * (tensor.std() if tensor.numel() > 1 else 1.0))
+    model.save_pretrained(out)
+    return str(out)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_teacher_model_run_writes_rows_on_every_trained_token_and_the_loop_trains_on_them(tmp_path, fixture_model, vllm_url, stand_in_teacher,
+                                                                                            restores_the_fixture_weights) -> None:
+    """env=inline_math teacher=model with the student on the session's vLLM and the stand-in
+    teacher on the second vLLM the run starts itself; trainer=local trains on the records."""
+    from helpers import launch, mlflow_run
+    from opd.records import read_groups
+
+    launch(tmp_path, fixture_model, vllm_url, [
+        "env=inline_math", "teacher=model", f"teacher.server.model={stand_in_teacher}", "trainer=local", "trainer.batch_groups=2",
+        "total_steps=2", "group_size=4", "runner.groups_in_flight=2", "trainer.equal_score_groups=drop",
+    ])
+    groups = list(read_groups(tmp_path / "run" / "groups.jsonl"))
+    assert len(groups) == 2
+    for group in groups:
+        assert check_group(group) == [] and group["group_overrides"]["teacher"] == "model"
+        for i, masks in enumerate(group["masks"]):
+            trained = [p for p, m in enumerate(masks) if m != MASK]
+            assert trained and all(group["overrides"][i]["teacher_logprobs"][p] is not None for p in trained)
+            assert all(group["distill_token_ids"][i][p][0] != DISTILL_PAD_ID for p in trained)
+            # The stand-in teacher is not the student: its logprobs of the sampled tokens differ.
+            assert any(abs(group["overrides"][i]["teacher_logprobs"][p] - group["inference_logprobs"][i][p]) > 1e-3 for p in trained)
+    client, run = mlflow_run(tmp_path)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["teacher/token_coverage"] == 1.0
+    (step,) = client.get_metric_history(run.info.run_id, "trainer/loss_opd_advantage")
+    assert step.value != 0.0 and run.data.metrics["summary/trainer_steps"] == 1
+    assert (tmp_path / "run" / "vllm_teacher" / "server.log").exists()  # the run served its teacher itself
