@@ -301,6 +301,9 @@ def environment_arguments(cfg: Config, data: TaskSet, model: str, pool: ServerPo
               "max_model_len": cfg.server.max_model_len, "seed": cfg.seed, "tracer": tracer, "chat_format": ChatFormat.from_config(cfg.model)}
     if teacher is not None:
         common["teacher"] = teacher
+    elif cfg.teacher.kind == "model":  # never records that quietly lack the teacher's rows
+        raise ConfigError("teacher: teacher=model runs through python -m experiments.launch (opd.run serves and checks the teacher); "
+                          "this entry point does not carry one", "teacher")
     return spec_of(cfg.env).constructor_arguments(cfg, common, judge)
 
 

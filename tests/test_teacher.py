@@ -279,3 +279,10 @@ def test_a_teacher_model_run_writes_rows_on_every_trained_token_and_the_loop_tra
     (step,) = client.get_metric_history(run.info.run_id, "trainer/loss_opd_advantage")
     assert step.value != 0.0 and run.data.metrics["summary/trainer_steps"] == 1
     assert (tmp_path / "run" / "vllm_teacher" / "server.log").exists()  # the run served its teacher itself
+
+
+def test_an_entry_point_without_the_teacher_refuses_teacher_model_rather_than_write_untaught_records(fixture_model, tokenizer) -> None:
+    policy = ScriptedClient(generate=text_generator(tokenizer, [(MATH_ANSWER, "stop")]))
+    cfg = validate(compose(["group_size=1", *TEACHER]))
+    with pytest.raises(ConfigError, match="teacher=model runs through python -m experiments.launch"):
+        build_env(cfg, TaskSet(train=[MATH_ITEM], eval=[], source="test"), fixture_model, policy)
