@@ -286,3 +286,15 @@ def test_an_entry_point_without_the_teacher_refuses_teacher_model_rather_than_wr
     cfg = validate(compose(["group_size=1", *TEACHER]))
     with pytest.raises(ConfigError, match="teacher=model runs through python -m experiments.launch"):
         build_env(cfg, TaskSet(train=[MATH_ITEM], eval=[], source="test"), fixture_model, policy)
+
+
+def test_teacher_scoring_runs_in_its_own_slots_beside_generation(fixture_model, tokenizer) -> None:
+    """One policy slot, four rollouts: if scoring took the policy's slots, at most one request would
+    run at a time; in the teacher's own slots all four rollouts' scorings overlap."""
+    policy = ScriptedClient(generate=text_generator(tokenizer, [(MATH_ANSWER, "stop")] * 4))
+    teacher = ScriptedClient(score=teacher_rows, latency=0.3)
+    cfg = validate(compose(["group_size=4", *TEACHER, "teacher.max_concurrent=4"]))
+    env = build_env(cfg, TaskSet(train=[MATH_ITEM], eval=[], source="test"), fixture_model, policy, slots=1, teacher=teacher)
+    group, _ = asyncio.run(env.collect_trajectories(MATH_ITEM))
+    assert check_group(group) == [] and policy.most_running == 1
+    assert teacher.most_running == 4 and teacher.served == 4
