@@ -79,6 +79,32 @@ def preflight(cfg: Config, model: str) -> None:
         check_servers([cfg.judge.base_url], cfg.judge.model, "judge.base_url", "judge.model")
 
 
+def teacher_preflight(cfg: Config, model: str) -> str | None:
+    """teacher=model's checks before any server starts: its model found (the returned directory or
+    name), its running server answering and serving it, top-K within its vocabulary, and its
+    tokenizer the student's (vocabulary, special tokens; the chat template when it renders a
+    hinted context): a mismatch fails with one line naming both models. None without one."""
+    if cfg.teacher.kind != "model":
+        return None
+    from opd.distill.teacher_model import check_tokenizers
+    from opd.serving.watch import check_servers
+
+    name = cfg.teacher.server.model
+    if name == "fixture":
+        teacher = resolve_model(name)
+    else:
+        from opd.serving.model_lookup import find_model
+
+        teacher = find_model(name, "teacher.server.model")
+    vocab = vocabulary_size(teacher)
+    if vocab is not None and cfg.teacher.topk > vocab:
+        raise ConfigError(f"teacher.topk must be <= the teacher's vocabulary ({vocab} tokens, {teacher}), got {cfg.teacher.topk}", "teacher.topk")
+    check_tokenizers(model, teacher, cfg.server.model, name, compare_template=cfg.teacher.hint)
+    if cfg.teacher.server.base_url is not None:
+        check_servers([cfg.teacher.server.base_url], teacher if name == "fixture" else name, "teacher.server.base_url", "teacher.server.model")
+    return teacher
+
+
 def load_data(cfg: Config) -> TaskSet:
     """The environment's dataset (loaded before any server starts, so bad paths fail first)."""
     from opd.envs.registry import spec_of
@@ -147,6 +173,85 @@ def inference_servers(cfg: Config, model: str, workdir: Path, shared: list[str] 
         yield [server.base_url], ServerWatch([server.base_url], local=server, max_restarts=cfg.server.max_restarts, unreachable_timeout_s=wait)
 
 
+class TeacherServer:
+    """Where teacher=model runs: its running server (teacher.server.base_url), the policy's own
+    (the same model, weights not refreshed by trainer=local), or a second local vLLM started here,
+    beside the policy's start-up (in a thread), and always stopped."""
+
+    def __init__(self, cfg: Config, model: str, teacher: str, workdir: Path) -> None:
+        self.cfg, self.teacher, self.local, self.reuse = cfg, teacher, None, False
+        self.error: BaseException | None = None
+        self.thread: Any = None
+        settings = cfg.teacher.server
+        if settings.base_url is not None:
+            return
+        refreshed = cfg.trainer.kind == "local" and cfg.trainer.refresh
+        self.reuse = Path(teacher).resolve() == Path(model).resolve() and not refreshed
+        if self.reuse:
+            logger.info("teacher %s is the policy's model: it scores on the policy's server, in its own %d slots", settings.model, cfg.teacher.max_concurrent)
+            return
+        if Path(teacher).resolve() == Path(model).resolve():
+            logger.info("teacher %s is the policy's model, whose served weights trainer=local refreshes: it gets a server of its own and stays fixed", settings.model)
+        self.local = local_teacher_server(cfg, teacher, workdir)
+
+    def __enter__(self) -> "TeacherServer":
+        if self.local is not None:
+            import threading
+
+            def start() -> None:
+                try:
+                    self.local.start()
+                except BaseException as err:  # raised where its URL is asked for
+                    self.error = err
+
+            self.thread = threading.Thread(target=start, name="teacher-vllm-start", daemon=True)
+            self.thread.start()
+        return self
+
+    def urls(self, policy_urls: list[str]) -> list[str]:
+        """The teacher's /v1 base URLs (waits for a local teacher server to be healthy)."""
+        if self.cfg.teacher.server.base_url is not None:
+            return [self.cfg.teacher.server.base_url]
+        if self.reuse:
+            return list(policy_urls)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return [self.local.base_url]
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.local is not None:
+            if self.thread is not None:
+                self.thread.join()
+            self.local.stop()
+
+
+def local_teacher_server(cfg: Config, teacher: str, workdir: Path) -> Any:
+    """A LocalVLLM (not started) serving the teacher for prompt-logprob scoring only (no tool or
+    reasoning parser, no chat template), with --max-logprobs = teacher.topk."""
+    from opd.config import LocalServerConfig
+    from opd.serving.local_vllm import LocalVLLM
+
+    t = cfg.teacher.server
+    settings = LocalServerConfig(kind="local", model=teacher, max_model_len=t.max_model_len, max_logprobs=cfg.teacher.topk,
+                                 request_timeout_s=cfg.server.request_timeout_s, max_requests_in_flight=cfg.teacher.max_concurrent,
+                                 max_attempts=cfg.server.max_attempts, api_key=t.api_key, unreachable_timeout_s=cfg.server.unreachable_timeout_s,
+                                 dtype=t.dtype, tool_call_parser=None, reasoning_parser=None, chat_template=None,
+                                 cpu_kv_cache_gib=t.cpu_kv_cache_gib, enforce_eager=True, startup_timeout_s=t.startup_timeout_s,
+                                 extra_args=list(t.extra_args), environment={}, max_restarts=0)
+    return LocalVLLM(settings, teacher, workdir, seed=cfg.seed)
+
+
+def teacher_model(cfg: Config, teacher: str, urls: list[str], tracer: Tracer) -> Any:
+    """teacher=model's scoring over its own pool: `teacher.max_concurrent` slots over `urls`."""
+    from opd.distill.teacher_model import TeacherModel
+    from opd.serving.vllm_client import VLLMClient
+
+    served = cfg.teacher.server.model if cfg.teacher.server.base_url is not None and cfg.teacher.server.model != "fixture" else teacher
+    clients = [VLLMClient(url, served, cfg.teacher.server.api_key, cfg.server.request_timeout_s) for url in urls]
+    return TeacherModel(ServerPool(clients, cfg.teacher.max_concurrent, cfg.server.max_attempts), cfg.teacher.server.model, cfg.teacher.topk, tracer)
+
+
 def server_pool(cfg: Config, model: str, base_urls: list[str]) -> ServerPool:
     """The policy's servers: `server.max_requests_in_flight` slots each, `server.max_attempts` tries."""
     from opd.serving.vllm_client import VLLMClient
@@ -188,14 +293,20 @@ def tracer(cfg: Config, tracker: Tracker | None) -> Tracer:
     return Tracer(True, tracker.for_traces())
 
 
-def environment_arguments(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None) -> tuple[tuple, dict[str, Any]]:
+def environment_arguments(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None,
+                          teacher: Any = None) -> tuple[tuple, dict[str, Any]]:
     """The configured environment's constructor arguments (args, kwargs), over `pool` (and
-    `judge`, judge=server's own pool)."""
+    `judge`, judge=server's own pool; `teacher`, teacher=model's `TeacherModel`)."""
     from opd.agent.chat_format import ChatFormat
     from opd.envs.registry import spec_of
 
     common = {"data": data, "pool": pool, "tokenizer_path": model, "group_size": cfg.group_size,
               "max_model_len": cfg.server.max_model_len, "seed": cfg.seed, "tracer": tracer, "chat_format": ChatFormat.from_config(cfg.model)}
+    if teacher is not None:
+        common["teacher"] = teacher
+    elif cfg.teacher.kind == "model":  # never records that quietly lack the teacher's rows
+        raise ConfigError("teacher: teacher=model runs through python -m experiments.launch (opd.experiment serves and checks the teacher); "
+                          "this entry point does not carry one", "teacher")
     return spec_of(cfg.env).constructor_arguments(cfg, common, judge)
 
 
@@ -206,9 +317,10 @@ def environment_class(cfg: Config) -> type[RolloutEnv]:
     return spec_of(cfg.env).environment_class()
 
 
-def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None) -> RolloutEnv:
-    """The configured environment over `pool` (and `judge`, judge=server's own pool)."""
-    args, kwargs = environment_arguments(cfg, data, model, pool, tracer, judge)
+def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None, teacher: Any = None) -> RolloutEnv:
+    """The configured environment over `pool` (and `judge`, judge=server's own pool; `teacher`,
+    teacher=model's scoring)."""
+    args, kwargs = environment_arguments(cfg, data, model, pool, tracer, judge, teacher)
     return environment_class(cfg)(*args, **kwargs)
 
 

@@ -120,6 +120,7 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
     data = build.load_data(cfg)
     model = build.resolve_model(cfg.server.model)
     build.preflight(cfg, model)
+    teacher_dir = build.teacher_preflight(cfg, model)
     if job is not None:
         logger.info("%s: %s", job_line(job.state, job.num), run_name(job.swept))
     run_id = None
@@ -134,8 +135,11 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
                                                    len(resumed.groups), begin=starts_server))
         tracer = build.tracer(cfg, tracker)
         stack.callback(tracer.flush)
+        # teacher=model's own server (if it needs one) starts beside the policy's.
+        teacher_server = stack.enter_context(build.TeacherServer(cfg, model, teacher_dir, out / "vllm_teacher")) if teacher_dir else None
         urls, watch = stack.enter_context(build.inference_servers(cfg, model, out / "vllm", shared=shared))
-        env = build.environment(cfg, data, model, build.server_pool(cfg, model, urls), tracer, build.judge_pool(cfg))
+        teacher = build.teacher_model(cfg, teacher_dir, teacher_server.urls(urls), tracer) if teacher_server and teacher_dir else None
+        env = build.environment(cfg, data, model, build.server_pool(cfg, model, urls), tracer, build.judge_pool(cfg), teacher)
         groups = build.groups_in_flight(cfg, len(urls))
         logger.info("%d groups (%d rollouts) in flight for %d request slots", groups, groups * cfg.group_size, cfg.server.max_requests_in_flight * len(urls))
         if tracker is not None:

@@ -72,12 +72,18 @@ def text_generator(tokenizer: Any, replies: list[tuple[str, str]], logprob: floa
     return generate
 
 
-def build_env(cfg: Any, data: Any, model: str, client: ScriptedClient, judge: ScriptedClient | None = None, slots: int = 8, max_attempts: int = 3) -> Any:
-    """The configured environment over `client` (and `judge` for judge=server), as opd.build makes it."""
+def build_env(cfg: Any, data: Any, model: str, client: ScriptedClient, judge: ScriptedClient | None = None, slots: int = 8, max_attempts: int = 3,
+              teacher: ScriptedClient | None = None) -> Any:
+    """The configured environment over `client` (and `judge` for judge=server, `teacher` for
+    teacher=model, in teacher.max_concurrent slots of its own), as opd.build makes it."""
     from opd import build
+    from opd.distill.teacher_model import TeacherModel
     from opd.serving.pool import ServerPool
     from opd.tracking.traces import Tracer
 
     pool = ServerPool([client], slots, max_attempts, backoff_s=0.01)
     judge_pool = ServerPool([judge], slots, max_attempts, backoff_s=0.01) if judge is not None else None
-    return build.environment(cfg, data, model, pool, Tracer.off(), judge_pool)
+    taught = None
+    if teacher is not None:
+        taught = TeacherModel(ServerPool([teacher], cfg.teacher.max_concurrent, max_attempts, backoff_s=0.01), cfg.teacher.server.model, cfg.teacher.topk)
+    return build.environment(cfg, data, model, pool, Tracer.off(), judge_pool, taught)

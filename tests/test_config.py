@@ -325,7 +325,7 @@ BAD_RUNS = [
     (["trainer=local", "trainer.loss.pg=0"], "trainer.loss: opd_advantage=1 needs teacher rows and env=inline_math without a teacher writes none"),
     (["arm=opd"], "trainer.loss: opd_advantage=1 needs teacher rows and env=inline_math without a teacher writes none, so trainer=local would train nothing"),
     (["env=opd_coding", "env.opd.enabled=false", "arm=opd", "trainer.loss.topk_kl=0.5"],
-     "trainer.loss: opd_advantage=1, topk_kl=0.5 need teacher rows and env=opd_coding without a teacher writes none"),
+     "trainer.loss: opd_advantage=1, topk_kl=0.5 need teacher rows and teacher=self_hint with env.opd.enabled=false writes none"),
     (["trainer=local", "trainer.loss.pg=0", "trainer.loss.opd_advantage=0"], "trainer.loss must be weights that are not all 0"),
     (["trainer=local", "trainer.loss.topk_kl=-1"], "trainer.loss.topk_kl must be >= 0"),
     (["env=opd_coding", "reward.pass_threshold=1.5"], "reward.pass_threshold must be in [0, 1]"),

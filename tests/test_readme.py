@@ -49,6 +49,9 @@ CHECKS: dict[str, tuple[str, str]] = {
     "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db": ("run", "serves the store the runs wrote"),
     "python -m opd.tracking.session": ("mention", "the tracking process the run starts itself"),
     "python -m experiments.launch experiment=closed_loop_inline_math": ("compose", "17 minutes of CPU training"),
+    "python -m experiments.launch env=inline_math teacher=model teacher.server.model=/path/to/teacher":
+        ("compose", "two vLLM servers; run by tests/test_teacher.py with a stand-in teacher and the closed loop"),
+    "python -m experiments.bench teacher": ("help", "starts the embedded vLLM: minutes"),
     "python -m experiments.launch -m experiment=reward_sweep_closed_loop && python -m experiments.compare outputs/sweeps/<date>/<time>":
         ("compose", "two closed loops; compare is run on the reward sweep below"),
     "python -m experiments.launch -m experiment=opd_vs_grpo && python -m experiments.compare outputs/sweeps/<date>/<time>":
@@ -78,7 +81,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "RAY_ADDRESS=head:6379 RAY_AUTH_MODE=token python -m experiments.launch env=opd_coding runner.workers=16 model=qwen3 server=vllm "
     "server.model=Qwen/Qwen3-4B server.base_urls=[http://gpu-a:8000/v1,http://gpu-b:8000/v1]":
         ("compose", "a Ray cluster and GPU servers"),
-    "python -m experiments.bench overhead|opd|records|startup|e2e|tools|viewer|all [--repeats 3] [--embedded] [--set KEY=VALUE] [--root DIR] [--url URL]":
+    "python -m experiments.bench overhead|opd|records|startup|e2e|tools|viewer|teacher|all [--repeats 3] [--embedded] [--set KEY=VALUE] [--root DIR] [--url URL]":
         ("help", "benchmarks take minutes each"),
     "python -m experiments.bench compare --root DIR [--latency S] [--in-flight N] [--workers N,M] [--repeats 3]":
         ("help", "two checkouts' overhead benches side by side: minutes"),

@@ -40,17 +40,15 @@ def test_the_terms_said_to_need_teacher_rows_are_exactly_those_that_learn_nothin
             assert without > 0, f"{name} needs teacher rows but is not in TEACHER_TERMS"
 
 
-def test_teacher_rows_come_from_opd_codings_hinted_teacher_or_a_teacher_group_and_never_from_plain_inline_math() -> None:
+def test_teacher_rows_come_from_a_teacher_model_or_the_enabled_self_hint_teacher_and_never_from_plain_inline_math() -> None:
     from opd.train.teacher_terms import teacher_source
 
     assert teacher_source(validate(compose(["trainer=local"]))) is None
-    assert teacher_source(validate(compose(["env=opd_coding", "trainer=local"]))) == "env=opd_coding's hinted teacher (env.opd.enabled)"
+    assert teacher_source(validate(compose(["env=opd_coding", "trainer=local"]))) == "teacher=self_hint (env.opd.enabled)"
+    # teacher=self_hint without its judge hints nothing, so it writes no rows.
     assert teacher_source(validate(compose(["env=opd_coding", "env.opd.enabled=false", "trainer=local"]))) is None
-    # The `teacher` group (issue 26, part A) decides wherever the config has one.
-    math = validate(compose(["trainer=local"]))
-    assert teacher_source(SimpleNamespace(env=math.env, teacher=SimpleNamespace(kind="model"))) == "teacher=model"
-    coding = validate(compose(["env=opd_coding", "trainer=local"]))
-    assert teacher_source(SimpleNamespace(env=coding.env, teacher=SimpleNamespace(kind="none"))) is None
+    assert teacher_source(validate(compose(["trainer=local", "teacher=model", "teacher.server.model=fixture"]))) == "teacher=model"
+    assert teacher_source(validate(compose(["env=opd_coding", "teacher=model", "teacher.server.model=fixture", "trainer=local"]))) == "teacher=model"
 
 
 def test_a_teacher_term_with_nothing_to_read_is_refused_alone_and_said_beside_pg(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,5 +1,5 @@
 """Benchmarks: `python -m experiments.bench <name> [--repeats N]`, names: overhead, opd, records,
-startup, e2e, tools, loop, viewer, all; and `compare --root DIR`, the overhead bench of this
+startup, e2e, tools, loop, viewer, teacher, all; and `compare --root DIR`, the overhead bench of this
 checkout and of DIR side by side.
 
 Each result is one JSON line on stdout, also appended to outputs/bench/<name>.jsonl with the time,
@@ -30,12 +30,13 @@ from experiments.bench.opd_stage import bench_opd  # noqa: E402
 from experiments.bench.overhead import bench_overhead  # noqa: E402
 from experiments.bench.records import bench_records  # noqa: E402
 from experiments.bench.startup import bench_startup  # noqa: E402
+from experiments.bench.teacher import bench_teacher  # noqa: E402
 from experiments.bench.tools import bench_tools  # noqa: E402
 from experiments.bench.viewer import bench_viewer  # noqa: E402
 
 BENCHES: dict[str, Callable[..., Iterator[dict[str, Any]]]] = {
     "overhead": bench_overhead, "opd": bench_opd, "records": bench_records, "startup": bench_startup,
-    "e2e": bench_e2e, "tools": bench_tools, "loop": bench_loop, "viewer": bench_viewer,
+    "e2e": bench_e2e, "tools": bench_tools, "loop": bench_loop, "viewer": bench_viewer, "teacher": bench_teacher,
 }
 
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         kwargs: dict[str, Any] = {"embedded": args.embedded, "root": args.root.resolve()} if name == "startup" else {}
         if name == "compare":
             kwargs["root"] = args.root.resolve()
-        if name == "e2e" and args.url:
+        if name in ("e2e", "teacher") and args.url:
             kwargs["base_url"] = args.url
         if name in ("overhead", "compare"):
             kwargs["workers"] = tuple(int(w) for w in args.workers.split(","))

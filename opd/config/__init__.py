@@ -20,14 +20,15 @@ from opd.config.sandbox import SandboxConfig
 from opd.config.serve import ServeConfig
 from opd.config.server import LocalServerConfig, RemoteServerConfig, ServerConfig
 from opd.config.sweep import SweepConfig
+from opd.config.teacher import ModelTeacherConfig, TeacherConfig, TeacherServerConfig
 from opd.config.tracking import TrackingConfig
 from opd.config.trainer import LocalTrainerConfig, RefreshCheckConfig, TrainerConfig
 
 __all__ = [
     "CONF_DIR", "PROJECT_ROOT", "SCHEMAS", "CodingWeights", "Config", "ConfigError", "CorrectnessLevels", "DatasetConfig", "Efficiency",
     "EnvConfig", "EvalConfig", "InlineMathEnvConfig", "InlineMathRewardConfig", "InlineMathWeights", "JudgeConfig", "JudgeServerConfig",
-    "LocalServerConfig", "LocalTrainerConfig", "ModelCoding", "ModelConfig", "ModelInlineMath", "ModelSampling", "OPDCodingEnvConfig",
+    "LocalServerConfig", "LocalTrainerConfig", "ModelCoding", "ModelConfig", "ModelInlineMath", "ModelSampling", "ModelTeacherConfig", "OPDCodingEnvConfig",
     "OPDCodingRewardConfig", "OPDConfig", "RayConfig", "RefreshCheckConfig", "RemoteServerConfig", "RunnerConfig", "SandboxConfig",
-    "ServeConfig", "ServerConfig", "SweepConfig", "ToolUsage", "TrackingConfig", "TrainerConfig", "compose", "load_object", "project_path",
+    "ServeConfig", "ServerConfig", "SweepConfig", "TeacherConfig", "TeacherServerConfig", "ToolUsage", "TrackingConfig", "TrainerConfig", "compose", "load_object", "project_path",
     "register", "run_dir", "validate",
 ]

@@ -158,6 +158,7 @@ _REQUIRED = {
     "server.base_urls": "server=vllm needs its servers' addresses: server.base_urls=[http://host:8000/v1]",
     "judge.base_url": "judge=server needs its server's address: judge.base_url=http://host:8000/v1",
     "judge.model": "judge=server needs the model name its server serves: judge.model=NAME",
+    "teacher.server.model": "teacher=model needs its model: teacher.server.model=DIR_OR_NAME (a base_url's served name, or one the run serves)",
 }
 
 

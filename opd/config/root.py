@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from opd.config.checks import at_least, checked, one_of, relation, require
+from opd.config.checks import ConfigError, at_least, checked, one_of, relation, require
 from opd.config.dataset import DatasetConfig
 from opd.config.env import InlineMathEnvConfig, OPDCodingEnvConfig
 from opd.config.evaluation import EvalConfig
@@ -24,6 +24,7 @@ from opd.config.sandbox import SandboxConfig
 from opd.config.serve import ServeConfig
 from opd.config.server import LocalServerConfig, RemoteServerConfig
 from opd.config.sweep import SweepConfig
+from opd.config.teacher import ModelTeacherConfig, TeacherConfig
 from opd.config.tracking import TrackingConfig
 from opd.config.trainer import LocalTrainerConfig, TrainerConfig
 
@@ -38,6 +39,7 @@ class Config:
     reward: Any = MISSING
     server: Any = MISSING
     judge: Any = MISSING
+    teacher: Any = MISSING
     tracking: TrackingConfig = MISSING
     runner: RunnerConfig = MISSING
     sweep: SweepConfig = MISSING
@@ -76,6 +78,21 @@ def local_trainer_trains_in_the_run(cfg: Config, at: str) -> None:
         require(cfg.mode == "train", "trainer", "used with mode=train (trainer=local trains on the groups it writes)", f"trainer={cfg.trainer.kind}, mode={cfg.mode}")
 
 
+@relation(Config)
+def a_teacher_the_env_can_use(cfg: Config, at: str) -> None:
+    # Hints come only from an env that judges turn pairs (env.opd: opd_coding).
+    opd = getattr(cfg.env, "opd", None)
+    if cfg.teacher.kind == "self_hint":
+        require(opd is not None, "teacher", "none or model with this env (teacher=self_hint needs the judge's hints: env=opd_coding)",
+                f"teacher=self_hint, env={getattr(cfg.env, 'name', '?')}")
+    if opd is not None and opd.enabled and cfg.teacher.kind == "none":
+        raise ConfigError("env.opd.enabled: true judges turns for hints, but teacher=none takes none; choose teacher=self_hint, "
+                          "teacher=model teacher.hint=true, or env.opd.enabled=false", "env.opd.enabled")
+    if cfg.teacher.kind == "model":
+        require(cfg.runner.workers == 1, "runner.workers", "1 with teacher=model (environment workers on Ray carry no teacher yet)", cfg.runner.workers)
+        require(not cfg.teacher.hint or opd is not None, "teacher.hint", "false with this env (only opd_coding judges turns for hints)", cfg.teacher.hint)
+
+
 # Every group's schemas by the option names conf/ selects them with (`defaults: [<name>]`).
 SCHEMAS: dict[str | None, dict[str, type]] = {
     None: {"config_schema": Config},
@@ -84,6 +101,7 @@ SCHEMAS: dict[str | None, dict[str, type]] = {
     "reward": {"inline_math_schema": InlineMathRewardConfig, "opd_coding_schema": OPDCodingRewardConfig},
     "server": {"local_schema": LocalServerConfig, "vllm_schema": RemoteServerConfig},
     "judge": {"policy_schema": JudgeConfig, "server_schema": JudgeServerConfig},
+    "teacher": {"none_schema": TeacherConfig, "self_hint_schema": TeacherConfig, "model_schema": ModelTeacherConfig},
     "dataset": {"dataset_schema": DatasetConfig},
     "sandbox": {"sandbox_schema": SandboxConfig},
     "tracking": {"tracking_schema": TrackingConfig},

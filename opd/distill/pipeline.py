@@ -86,13 +86,19 @@ async def judge_and_score(seq_index: int, pair: TurnPair, turn_ids: list[int], *
     return JudgedPair(seq_index, pair, record, rows)
 
 
-def distill_fields(rollouts: list[AgentRollout], judged: list[JudgedPair], top_k: int) -> dict[str, Any]:
-    """The group's `distill_*` arrays (pads where no teacher row) and per-sequence additions."""
+def distill_fields(rollouts: list[AgentRollout], judged: list[JudgedPair], top_k: int, base: list[TeacherRows] | None = None) -> dict[str, Any]:
+    """The group's `distill_*` arrays (pads where no teacher row) and per-sequence additions;
+    `base`: rows already on every sampled token (teacher=model), which hinted turns' rows replace."""
     token_ids: list[list[list[int]]] = []
     logprobs: list[list[list[float]]] = []
     teacher_lps: list[list[float | None]] = []
-    for rollout in rollouts:
+    for i, rollout in enumerate(rollouts):
         n = len(rollout.sequence.tokens)
+        if base is not None:
+            token_ids.append(list(base[i].token_ids))
+            logprobs.append(list(base[i].logprobs))
+            teacher_lps.append(list(base[i].sampled_logprobs))
+            continue
         token_ids.append([[DISTILL_PAD_ID] * top_k for _ in range(n)])
         logprobs.append([[DISTILL_PAD_LOGPROB] * top_k for _ in range(n)])
         teacher_lps.append([None] * n)
@@ -125,9 +131,11 @@ async def apply_opd(
     tracer: Tracer,
     trace_roots: list[Any] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    base: list[TeacherRows] | None = None,
 ) -> dict[str, Any]:
     """Fields to merge into the group (`distill_*` arrays, per-sequence override additions);
-    `template_kwargs`: the chat-template arguments the rollouts were rendered with."""
+    `template_kwargs`: the chat-template arguments the rollouts were rendered with; `base`: a
+    teacher model's rows on every sampled token, kept where no hinted turn replaces them."""
     semaphore = asyncio.Semaphore(opd.max_concurrency)
     pairs = [(i, pair) for i, r in enumerate(rollouts) for pair in turn_pairs(r, opd.max_state_chars, opd.max_response_chars, opd.response_cut)]
 
@@ -139,4 +147,4 @@ async def apply_opd(
                                          template_kwargs=template_kwargs)
 
     judged = await asyncio.gather(*(one(i, p) for i, p in pairs))
-    return distill_fields(rollouts, list(judged), opd.topk)
+    return distill_fields(rollouts, list(judged), opd.topk, base)

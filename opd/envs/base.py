@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from opd import latency
 from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser, check
 from opd.data.sources import TaskSet
+from opd.distill.teacher import TeacherRows
+from opd.distill.teacher_model import TeacherModel, sequence_fields, teacher_metrics
 from opd.serving.pool import ServerPool
 from opd.serving.tokenizer import load_tokenizer
 from opd.serving.vllm_client import Generation
@@ -91,9 +93,11 @@ class RolloutEnv:
     def __init__(self, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
                  seed: int, tracer: Tracer, temperature: float, sampling: dict[str, Any], eval_temperature: float, chat_format: ChatFormat,
                  tools: list[dict[str, Any]], drop_equal_scores: bool = False, tokenizer: Any = None,
-                 served_weights: ServedWeights | None = None) -> None:
+                 served_weights: ServedWeights | None = None, teacher: TeacherModel | None = None) -> None:
         # Requests go through our pool (slots, retries). `tokenizer`: one already loaded (atroposlib's).
         self.server = pool
+        # teacher=model: scores every sampled token of every rollout over its own pool (None: no teacher model).
+        self.teacher = teacher
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(tokenizer_path)
         self.data = data
         self.group_size = group_size
@@ -116,11 +120,43 @@ class RolloutEnv:
 
     @property
     def request_errors(self) -> int:
-        """Requests to the inference servers that failed so far (retried or not)."""
-        return self.server.request_errors
+        """Requests to the inference servers that failed so far (retried or not), the teacher's included."""
+        return self.server.request_errors + (self.teacher.request_errors if self.teacher is not None else 0)
+
+    async def teach(self, sequence: Any) -> TeacherRows | None:
+        """teacher=model's rows on every sampled token of one finished rollout (None: no teacher
+        model); a failure after the teacher pool's retries fails the group."""
+        if self.teacher is None:
+            return None
+        with latency.phase("opd"):
+            return await self.teacher.score_sequence(sequence.tokens, sequence.masks)
+
+    def add_teacher_rows(self, group: dict[str, Any], rows: list[TeacherRows]) -> None:
+        """Put teacher=model's rows in the group's OPD fields and mark the group as taught on
+        every trained token (`group_overrides.teacher`, which the record rules check)."""
+        assert self.teacher is not None
+        fields = sequence_fields(rows)
+        group["distill_token_ids"], group["distill_logprobs"] = fields["distill_token_ids"], fields["distill_logprobs"]
+        for detail, lps in zip(group["overrides"], fields["teacher_logprobs"]):
+            detail["teacher_logprobs"] = lps
+        group["group_overrides"].update(teacher="model", teacher_model=self.teacher.model)
 
     async def setup(self) -> None:
-        """Data is loaded before the env is built (opd.build); nothing to do here."""
+        """Fail before generating if teacher=model's server cannot return its top-K rows (data is
+        loaded before the env is built, opd.build)."""
+        if self.teacher is None:
+            return
+        from opd.config import ConfigError
+        from opd.serving.vllm_client import ServerRequestError
+
+        probe = self.tokenizer.encode("hello world", add_special_tokens=False)
+        try:
+            await self.teacher.score(probe, self.teacher.top_k)
+        except ServerRequestError as err:
+            if err.status == 400:
+                raise ConfigError(f"teacher.topk={self.teacher.top_k} (distill_topk) is refused by the teacher's server (above its "
+                                  f"--max-logprobs?): {err}", "teacher.topk") from None
+            raise
 
     async def ready(self) -> None:
         """Wait for what the env sets up in the background (the turn parser, and what `setup`
@@ -213,6 +249,8 @@ class RolloutEnv:
         }
         for name in details[0]["reward_signals"]:
             metrics[f"reward/{name}"] = sum(d["reward_signals"][name] for d in details) / n
+        if group["group_overrides"].get("teacher") == "model":
+            metrics.update(teacher_metrics(group))
         return {**metrics, **self.env_metrics(group)}
 
     def env_metrics(self, group: dict[str, Any]) -> dict[str, float]:
@@ -256,6 +294,8 @@ class RolloutEnv:
 
     async def close(self) -> None:
         await self.server.close()
+        if self.teacher is not None:
+            await self.teacher.close()
         await asyncio.to_thread(self.parser.join, PARSER_JOIN_S)
 
 

@@ -26,6 +26,7 @@ from opd import latency
 from opd.agent.chat_tokens import holds_added_token
 from opd.agent.tool_calls import ToolCallError, run_parsed_call
 from opd.config import InlineMathEnvConfig, InlineMathRewardConfig
+from opd.distill.teacher import TeacherRows
 from opd.envs import math_prompt
 from opd.envs.base import ItemResult, RolloutEnv
 from opd.records import Sequence
@@ -84,10 +85,10 @@ class InlineMathEnv(RolloutEnv):
     async def setup(self) -> None:
         """Start math-verify's workers beside the first requests: the first groups' scoring then
         does not wait a second or more for a worker to import math-verify."""
-        await super().setup()
         if self._verifier_start is None:
             self._verifier_start = asyncio.create_task(self.verifier.start())
             self._verifier_start.add_done_callback(_log_failed_start)
+        await super().setup()
 
     async def ready(self) -> None:
         await super().ready()
@@ -174,15 +175,17 @@ class InlineMathEnv(RolloutEnv):
         with latency.phase("prompt"):
             prompt = self.prompt_ids(item["problem"], use_pool=True)
 
-        async def traced(root: Any) -> tuple[Rollout, Scored]:
+        async def traced(root: Any) -> tuple[Rollout, Scored, TeacherRows | None]:
             with self.tracer.attach(root), latency.rollout():
                 rollout = await self.rollout(prompt, self.temperature)
-                # Scored as soon as it ends: a verifier round trip overlaps the others' requests.
+                # Scored as soon as it ends: a verifier round trip (and the teacher's scoring, in
+                # its own slots) overlaps the others' generation.
                 with latency.phase("reward"):
-                    return rollout, await self.score(rollout, item["answer"])
+                    scored = await self.score(rollout, item["answer"])
+                return rollout, scored, await self.teach(rollout.sequence)
 
         results = await asyncio.gather(*(traced(root) for root in roots))
-        rollouts, scored = [r for r, _ in results], [s for _, s in results]
+        rollouts, scored = [r for r, _, _ in results], [s for _, s, _ in results]
         self._grow_pool(item["problem"], rollouts, scored)
         details = [
             {
@@ -197,8 +200,11 @@ class InlineMathEnv(RolloutEnv):
             }
             for r, s in zip(rollouts, scored)
         ]
-        return self.group_record(item, [r.sequence for r in rollouts], [s.total for s in scored], details,
-                                 {"max_new_tokens": self.cfg.max_new_tokens}, group_overrides={"answer": item["answer"]})
+        group = self.group_record(item, [r.sequence for r in rollouts], [s.total for s in scored], details,
+                                  {"max_new_tokens": self.cfg.max_new_tokens}, group_overrides={"answer": item["answer"]})
+        if self.teacher is not None:
+            self.add_teacher_rows(group, [rows for _, _, rows in results if rows is not None])
+        return group
 
     def _grow_pool(self, problem: str, rollouts: list[Rollout], scored: list[Scored]) -> None:
         """Keep one correct, well-formed rollout that used a tool as a future few-shot example."""

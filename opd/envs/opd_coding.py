@@ -20,6 +20,7 @@ from opd.agent.chat_tokens import defuse
 from opd.agent.loop import AgentLimits, AgentRollout, run_agent
 from opd.config import ConfigError, JudgeConfig, OPDCodingEnvConfig, OPDCodingRewardConfig
 from opd.distill.pipeline import FailureLog, apply_opd
+from opd.distill.teacher import TeacherRows
 from opd.envs import coding_prompt
 from opd.envs.base import ItemResult, RolloutEnv
 from opd.records import MASK
@@ -58,8 +59,9 @@ class OPDCodingEnv(RolloutEnv):
 
     async def setup(self) -> None:
         """Fail before generating if the server cannot return top-K = `distill_topk` rows."""
-        if not self.cfg.opd.enabled:
-            return
+        await super().setup()
+        if not self.cfg.opd.enabled or self.teacher is not None:
+            return  # a teacher model's top-K is probed on its own server (RolloutEnv.setup)
         probe = self.tokenizer.encode("hello world", add_special_tokens=False)
         try:
             await self.server.score(probe, self.cfg.opd.topk)
@@ -136,11 +138,15 @@ class OPDCodingEnv(RolloutEnv):
     # ---- groups ----------------------------------------------------------------------------
 
     async def make_group(self, item: dict[str, Any], roots: list[Any]) -> ScoredDataGroup:
-        async def traced(root: Any) -> tuple[AgentRollout, Scored, str]:
+        async def traced(root: Any) -> tuple[tuple[AgentRollout, Scored, str], TeacherRows | None]:
             with self.tracer.attach(root), latency.rollout():
-                return await self.rollout(item, self.temperature)
+                done = await self.rollout(item, self.temperature)
+                # teacher=model scores it as soon as it ends, in the teacher's own slots.
+                return done, await self.teach(done[0].sequence)
 
-        results = await asyncio.gather(*(traced(root) for root in roots))
+        taught = await asyncio.gather(*(traced(root) for root in roots))
+        results = [done for done, _ in taught]
+        base = [rows for _, rows in taught if rows is not None] if self.teacher is not None else None
         rollouts = [r for r, _, _ in results]
         details = [
             {
@@ -160,18 +166,23 @@ class OPDCodingEnv(RolloutEnv):
         # every judge prompt and teacher context from the file alone.
         group = self.group_record(item, [r.sequence for r in rollouts], [s.total for _, s, _ in results], details,
                                   {"max_tokens_per_turn": self.cfg.max_tokens_per_turn}, messages=[r.messages for r in rollouts])
+        if base is not None:
+            self.add_teacher_rows(group, base)
         if self.cfg.opd.enabled:
             with latency.phase("opd"):
-                await self._distill(group, rollouts, roots)
+                await self._distill(group, rollouts, roots, base)
         return group
 
-    async def _distill(self, group: ScoredDataGroup, rollouts: list[AgentRollout], roots: list[Any]) -> None:
-        """Judge the group's turn pairs, score hinted turns, and add the teacher's rows to it."""
+    async def _distill(self, group: ScoredDataGroup, rollouts: list[AgentRollout], roots: list[Any], base: list[TeacherRows] | None = None) -> None:
+        """Judge the group's turn pairs, score hinted turns (by the policy given the hint, or with
+        teacher=model by the teacher given it, over `base`, its rows on every token), and add the
+        teacher's rows to the group."""
         started = time.monotonic()
         fields = await apply_opd(
-            rollouts, tokenizer=self.tokenizer, tools=coding_prompt.TOOLS, chat=self.judge_chat, score=self.score_prompt,
+            rollouts, tokenizer=self.tokenizer, tools=coding_prompt.TOOLS, chat=self.judge_chat,
+            score=self.teacher.score if self.teacher is not None else self.score_prompt,
             opd=self.cfg.opd, judge=self.judge_cfg, failures=self.failures, tracer=self.tracer, trace_roots=roots,
-            template_kwargs=self.chat_format.render_kwargs,
+            template_kwargs=self.chat_format.render_kwargs, base=base,
         )
         group["group_overrides"]["opd_wall_s"] = round(time.monotonic() - started, 3)
         group["distill_token_ids"] = fields["distill_token_ids"]

@@ -38,6 +38,8 @@ class SequenceView:
     logprobs: np.ndarray | None = None
     teacher_ids: np.ndarray | None = None
     teacher_logprobs: np.ndarray | None = None
+    # The group says a teacher model scored every sampled token (`group_overrides.teacher: model`).
+    taught_everywhere: bool = False
 
 
 @dataclass(frozen=True)
@@ -294,6 +296,23 @@ def teacher_rows_are_sorted(view: SequenceView) -> str | None:
     return None if bad is None else f"distill row [{view.index}][{bad}] is not sorted by logprob"
 
 
+@rule("value")
+def teacher_model_rows_cover_every_trained_token(view: SequenceView) -> str | None:
+    """With teacher=model, every generated (trained) token has a teacher row and the teacher's
+    logprob of the sampled token: the OPD terms train on every token, a missing row would be
+    silently skipped."""
+    if not view.taught_everywhere:
+        return None
+    if view.teacher_ids is None:
+        return f"sequence {view.index} has no distill rows, but group_overrides.teacher is model (a row on every trained token)"
+    bad = _first(view.generated & ~_teacher_rows(view))
+    if bad is None:
+        sampled = view.raw.get("teacher_logprobs")
+        missing = view.generated & np.array([t is None for t in sampled], dtype=bool) if isinstance(sampled, list) and len(sampled) == view.generated.size else view.generated
+        bad = _first(missing)
+    return None if bad is None else f"trained token [{view.index}][{bad}] has no teacher row or teacher logprob, but group_overrides.teacher is model"
+
+
 def _teacher_rows(view: SequenceView) -> np.ndarray:
     """Rows that are not pads (a row that mixes pads counts as a teacher row)."""
     return ~(view.teacher_ids == DISTILL_PAD_ID).all(axis=1)
@@ -318,8 +337,13 @@ def _problems(group: dict[str, Any]) -> Iterator[str]:
             yield problem
             break
     fields = [f for f in _SEQUENCE_FIELDS if group.get(f) is not None]
+    taught = isinstance(group.get("group_overrides"), dict) and group["group_overrides"].get("teacher") == "model"
     for i, score in enumerate(group["scores"]):
-        view = SequenceView(i, score, {f: group[f][i] for f in fields})
+        view = SequenceView(i, score, {f: group[f][i] for f in fields}, taught_everywhere=taught)
+        if taught:
+            details = group.get("overrides")
+            detail = details[i] if isinstance(details, list) and i < len(details) else None
+            view.raw["teacher_logprobs"] = detail.get("teacher_logprobs") if isinstance(detail, dict) else None
         shaped = True
         for r in RULES:
             if r.layer == "shape" and (problem := r.check(view)):

@@ -82,7 +82,8 @@ class ScriptedServer:
         for token in prompt[1:]:
             fragment = self._row_json.get((token, k))
             if fragment is None:
-                row = {str((token + j) % 4000): {"logprob": round(-0.1 * (j + 1), 6), "rank": j + 1} for j in range(k)}
+                # The prompt's own token first, as vLLM always returns the actual token's logprob.
+                row = {str(token if j == 0 else (token + j) % 4000): {"logprob": round(-0.1 * (j + 1), 6), "rank": j + 1} for j in range(k)}
                 fragment = self._row_json[(token, k)] = json.dumps(row).encode()
             fragments.append(fragment)
         body = (b'{"id":"cmpl","object":"text_completion","created":0,"model":"loopback","choices":[{"index":0,"text":"","token_ids":[0],'

@@ -6,7 +6,8 @@ Per sequence (padded to the batch's longest, right-padded):
 - `advantages` [B]: the group-normalised score, (score - group mean) / (group std + eps), 0 for a
   group whose scores are all equal (it says nothing about which rollout was better);
 - `teacher_logprobs` [B, T] and `has_teacher` [B, T]: the teacher's logprob of the sampled token
-  on hinted, scored turns (`overrides[i].teacher_logprobs`, null elsewhere);
+  (`overrides[i].teacher_logprobs`, null elsewhere: every trained token with teacher=model, the
+  hinted, scored turns with teacher=self_hint);
 - `topk_ids` / `topk_logprobs` [B, T, K] and `has_topk` [B, T]: the teacher's top-K rows; pad rows
   (id -1) are marked absent and their ids replaced by 0, so a pad is never read as a token.
 Position p's token is predicted from positions < p: the loss reads logits at p - 1 for token p.
@@ -56,7 +57,7 @@ def equal_scores(group: dict[str, Any]) -> bool:
 
 
 def has_teacher_signal(group: dict[str, Any]) -> bool:
-    """Whether `group` carries the hinted teacher's logprobs on some token (opd_coding's OPD)."""
+    """Whether `group` carries a teacher's logprobs on some token (teacher=self_hint or model)."""
     details = group.get("overrides") or []
     return any(isinstance(d, dict) and any(t is not None for t in d.get("teacher_logprobs") or []) for d in details)
 

@@ -7,7 +7,8 @@ one place the configured weights combine them. A new term is a function decorate
 - `pg`: GRPO/PPO-style clipped surrogate with the sequence's group-normalised
   advantage and the ratio new/old against the sampler's own logprobs (`inference_logprobs`);
 - `opd_advantage`: the same surrogate with the token-level OPD advantage teacher_lp - student_lp
-  (the hinted teacher's logprob of the sampled token minus the sampler's), on hinted positions,
+  (the teacher's logprob of the sampled token minus the sampler's), on positions with a teacher
+  row (every trained token with teacher=model, hinted turns with teacher=self_hint),
   clamped to [-opd_clamp, opd_clamp] (one token's -9 would otherwise outweigh the batch);
 - `topk_kl`: KL(student || teacher) over the teacher's top-K tokens plus one tail bin for
   the rest of the mass (both distributions stay normalised), on positions with teacher rows.
@@ -100,7 +101,7 @@ def _surrogate(new_lp: torch.Tensor, old_lp: torch.Tensor, advantage: torch.Tens
 
 
 def _opd_advantages(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(positions with the hinted teacher's logprob, the advantage teacher_lp - sampler_lp there
+    """(positions with the teacher's logprob, the advantage teacher_lp - sampler_lp there
     bounded by opd_clamp, the unbounded one)."""
     where = x.batch.has_teacher & x.batch.trained
     raw = (x.batch.teacher_logprobs - x.batch.old_logprobs).detach()

@@ -21,12 +21,13 @@ TEACHER_TERMS = frozenset({"opd_advantage", "topk_kl"})
 
 def teacher_source(cfg: Any) -> str | None:
     """What writes teacher rows into this run's records, in the config's words (`teacher=model`,
-    `env=opd_coding's hinted teacher (env.opd.enabled)`); None when nothing does."""
-    kind = getattr(getattr(cfg, "teacher", None), "kind", None)
-    if kind is not None:  # the `teacher` group decides where the config has one
-        return None if kind == "none" else f"teacher={kind}"
-    if getattr(getattr(cfg.env, "opd", None), "enabled", False):
-        return f"env={cfg.env.name}'s hinted teacher (env.opd.enabled)"
+    `teacher=self_hint (env.opd.enabled)`); None when nothing does."""
+    kind = getattr(getattr(cfg, "teacher", None), "kind", "none")
+    if kind == "model":
+        return "teacher=model"
+    # The self-hint teacher scores only turns the judge hinted, and the judge runs only when enabled.
+    if kind == "self_hint" and getattr(getattr(cfg.env, "opd", None), "enabled", False):
+        return "teacher=self_hint (env.opd.enabled)"
     return None
 
 
@@ -39,7 +40,8 @@ def check_loss_weights(cfg: Any) -> None:
         return
     idle = sorted(set(weights) & TEACHER_TERMS)
     given = ", ".join(f"{name}={weights[name]:g}" for name in idle)
-    where = f"env={cfg.env.name} without a teacher"
+    kind = getattr(getattr(cfg, "teacher", None), "kind", "none")
+    where = f"env={cfg.env.name} without a teacher" if kind == "none" else f"teacher={kind} with env.opd.enabled=false"
     if len(idle) == len(weights):
         raise ConfigError(f"trainer.loss: {given} {'needs' if len(idle) == 1 else 'need'} teacher rows and {where} writes none, so trainer=local would train nothing; "
                           "give trainer.loss.pg a weight > 0 (arm=grpo, arm=mix) or the run a teacher", "trainer.loss")
