@@ -35,6 +35,8 @@ def test_overhead_bench_drives_the_real_stack_against_the_scripted_server() -> N
     assert 45 <= spent["request"] <= spent["total"] and {"slot", "prompt", "reward", "check", "sinks"} <= set(spent)
     top_level = sum(ms for name, ms in spent.items() if "/" not in name and name != "total")
     assert top_level == pytest.approx(spent["total"], abs=0.1) and result["bare_client_request_ms"] >= 45
+    # Closing the env (once per run) is timed apart from the rate, as the bare client's session close is.
+    assert result["close_ms"] > 0
 
 
 @pytest.mark.slow

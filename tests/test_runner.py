@@ -192,3 +192,30 @@ def test_a_latency_breakdown_times_each_written_group_from_its_start_to_its_sink
         assert written_at - ledger.started >= 0.07  # from the group's start to its sinks' end
     means = latency.breakdown(ledgers)
     assert means["total"] >= means["request"] + means["sinks"]
+
+
+def test_groups_that_finish_together_each_start_their_replacement_before_the_next_is_written() -> None:
+    """Rounds of requests end together: the replacement of the first finished group must be
+    collecting (its prompt, its requests) before the second finished group is checked and written."""
+    events: list[str] = []
+    both_started: list[asyncio.Event] = []
+
+    class Together(ScriptedEnv):
+        async def collect_trajectories(self, item: int):
+            events.append(f"start {item}")
+            if not both_started:
+                both_started.append(asyncio.Event())
+            if item == 1:
+                both_started[0].set()  # items 0 and 1 end in the same turn of the loop
+            await (both_started[0].wait() if item < 2 else asyncio.sleep(0.01))
+            return group_for(item), []
+
+    class Log(Sink):
+        async def write(self, written: Written) -> None:
+            events.append(f"write {written.group['scores'][0]:g}")
+
+    asyncio.run(Runner(Together(), [Log()], 4, RunnerLimits(2, 1, 0), progress=False).run())
+    assert events[:2] == ["start 0", "start 1"]
+    first, second = [i for i, e in enumerate(events) if e.startswith("write")][:2]  # 0 and 1, in either order
+    assert "start 2" in events[first:second], events
+    assert sorted(e for e in events if e.startswith("write")) == ["write 0", "write 1", "write 2", "write 3"]

@@ -81,7 +81,8 @@ def environment(cfg: Any, url: str) -> Any:
 
 async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path, workers: list[Any] | None = None) -> dict[str, Any]:
     """Write `rollouts` / group_size groups through the real runner (on Ray environment `workers`
-    when given: `opd.distributed`); wall and this process's CPU time (with workers, theirs too:
+    when given: `opd.distributed`); wall time until the last group is written, the time closing
+    the env took after it (`close_s`), this process's CPU time (with workers, theirs too:
     `workers_cpu_s`), when each group was written (`written_at`, monotonic) and where each
     rollout's time went (`latency_ms`, ms per rollout by phase: `opd.latency`; with workers only
     the driver's phases). Neither CPU time counts math-verify's worker processes."""
@@ -114,12 +115,18 @@ async def generate_rollouts(cfg: Any, url: str, rollouts: int, path: Path, worke
             source = WorkerSource(env, workers, cfg.runner.ray.startup_timeout_s)
         stats = await Runner(source, [file, stamps], rollouts // cfg.group_size, RunnerLimits(groups, 1, 0), progress=False,
                              latency_ledgers=ledgers).run()
+        # The run's clock stops when its last group is written, as the bare client's stops at its
+        # last answer: closing the env (math-verify's workers, the parser's thread, the HTTP
+        # session) happens once per run, not per rollout, and is reported apart (`close_s`).
+        wall_s = stats.elapsed
     finally:
+        closing = time.monotonic()
         await file.close("FINISHED")
         await env.close()
+    close_s = time.monotonic() - closing
     cpu_s = time.process_time() - cpu0
     workers_cpu = await workers_cpu_s(workers) - workers_cpu0 if workers is not None else 0.0
-    return {"wall_s": stats.elapsed, "cpu_s": cpu_s, "workers_cpu_s": workers_cpu, "rollouts": stats.written * cfg.group_size,
+    return {"wall_s": wall_s, "close_s": close_s, "cpu_s": cpu_s, "workers_cpu_s": workers_cpu, "rollouts": stats.written * cfg.group_size,
             "written_at": stamps.at, "groups_in_flight": groups, "latency_ms": latency.breakdown(ledgers)}
 
 

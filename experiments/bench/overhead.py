@@ -96,6 +96,8 @@ def bench_overhead(repeats: int, latencies: tuple[float, ...] = (0.1, 1.0), limi
                     # With workers: the driver's part above, the workers' (all of them) here.
                     "workers_cpu_ms_per_rollout": median([1000 * run["workers_cpu_s"] / run["rollouts"] for run in runs]),
                     "bare_client_cpu_ms_per_request": median([1000 * b["cpu_s"] / rollouts for b in bare]),
+                    # Closing the env after the last group (once per run; not in the rate above).
+                    "close_ms": median([1000 * run["close_s"] for run in runs]),
                     # Where a rollout's time went (ms per rollout by phase, median of the repeats;
                     # opd.latency), beside a bare request's round trip in the same run.
                     "latency_ms": {name: round(median([run["latency_ms"].get(name, 0.0) for run in runs]), 2) for name in runs[0]["latency_ms"]},

@@ -87,15 +87,45 @@ GROUP = Record({
 })
 
 
+def _is_literal(value: Any, kind: Literal) -> bool:
+    # `True == 1` in Python: compare types too.
+    return any(value is v if v is None or isinstance(v, bool) else type(value) is type(v) and value == v for v in kind.values)
+
+
+def fits(value: Any, kind: Type) -> bool:
+    """Whether `value` has type `kind`: `problem(...) is None`, without building the sentences of
+    the alternatives it does not take (a valid group's check writes none)."""
+    if isinstance(kind, Check):
+        return bool(kind.test(value))
+    if isinstance(kind, Literal):
+        return _is_literal(value, kind)
+    if isinstance(kind, tuple):
+        return any(fits(value, option) for option in kind)
+    if isinstance(kind, ListOf):
+        return type(value) is list and all(fits(item, kind.item) for item in value)
+    if isinstance(kind, (DictOf, Record)):
+        if type(value) is not dict:
+            return False
+        for key, item in value.items():
+            if type(key) is not str:
+                return False
+            item_kind = kind.value if isinstance(kind, DictOf) else kind.fields.get(key, _ANY)
+            if item_kind is not _ANY and not fits(item, item_kind):
+                return False
+        return True
+    raise TypeError(f"not a field type: {kind!r}")
+
+
 def problem(value: Any, kind: Type, where: str) -> str | None:
     """None when `value` has type `kind`, else a sentence naming the first place it has not."""
     if isinstance(kind, Check):
         return None if kind.test(value) else f"{where} must be {kind.words} (got {_shown(value)})"
     if isinstance(kind, Literal):
-        # `True == 1` in Python: compare types too.
-        ok = any(value is v if v is None or isinstance(v, bool) else type(value) is type(v) and value == v for v in kind.values)
+        ok = _is_literal(value, kind)
         return None if ok else f"{where} must be one of {', '.join('null' if v is None else str(v) for v in kind.values)} (got {_shown(value)})"
     if isinstance(kind, tuple):
+        if any(fits(value, option) for option in kind):
+            return None
         found = [problem(value, option, where) for option in kind]
         if all(found):
             # The alternative of the value's own JSON kind says most (a list's bad item, not "must be null").

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+import msgspec
 import numpy as np
 
 from opd.records import fields
@@ -67,11 +68,29 @@ def _first(mask: np.ndarray) -> int | None:
     return int(hits[0]) if hits.size else None
 
 
+# Plain Python ints (no bool), or ints and floats, as 1-D or 2-D lists: msgspec checks an element's
+# type in C, and numpy then converts to the dtype named, without inferring it element by element.
+_PLAIN = {("iu", 1): (list[int], np.int64), ("iuf", 1): (list[float], np.float64),
+          ("iu", 2): (list[list[int]], np.int64), ("iuf", 2): (list[list[float]], np.float64)}
+
+
 def _array(values: Any, kinds: str, ndim: int) -> np.ndarray | None:
     """`values` as an array of one of the numpy `kinds` with `ndim` dimensions, else None (also
     when a JSON boolean hides among the numbers: numpy would read it as 1 or 0)."""
     if not isinstance(values, list):
         return None
+    plain = _PLAIN.get((kinds, ndim))
+    if plain is not None:
+        try:
+            msgspec.convert(values, plain[0])
+        except msgspec.ValidationError:
+            pass  # not plain (numpy scalars, bools, strings, ...): numpy's reading below decides
+        else:
+            try:
+                array = np.array(values, dtype=plain[1])
+            except (ValueError, OverflowError):  # ragged rows, an int past 64 bits
+                return None
+            return None if array.ndim != ndim or (ndim == 2 and array.shape[1] == 0) else array
     try:
         array = np.asarray(values)
     except (ValueError, TypeError, OverflowError):  # ragged or mixed
