@@ -151,12 +151,33 @@ def test_copying_the_tokenizer_fails_naming_a_missing_file(tmp_path: Path) -> No
         fixture_build.copy_tokenizer(tmp_path / "src", tmp_path)
 
 
+@pytest.mark.slow
+def test_one_command_builds_the_teacher_and_its_record_rebuilds_it_bit_for_bit(tmp_path: Path) -> None:
+    # A smoke-sized teacher (a few dozen transcripts, three steps): the same command as the
+    # committed one, then a rebuild from the build_config.json it wrote, in another directory.
+    fixture_build.main(["--preset", "teacher", "--out", str(tmp_path / "a"), "--scale", "0.003", "--steps", "3"])
+    recorded = json.loads((tmp_path / "a" / "build_config.json").read_text())
+    assert recorded["config"]["tokenizer_from"] == "model" and recorded["config"]["steps"] == 3
+    assert recorded["report"]["examples"] == recorded["config"]["math_transcripts"] == 19  # math only: no coding, no judge
+    for name in fixture_build.TOKENIZER_FILES:
+        assert (tmp_path / "a" / name).read_bytes() == (fixture_build.DEFAULT_DIR / name).read_bytes()
+    fixture_build.main(["--config", str(tmp_path / "a" / "build_config.json"), "--out", str(tmp_path / "b")])
+    rebuilt = json.loads((tmp_path / "b" / "build_config.json").read_text())
+    assert rebuilt["config"] == recorded["config"]
+    assert rebuilt["report"]["weights_sha256"] == recorded["report"]["weights_sha256"]
+    assert (tmp_path / "b" / "model.safetensors").read_bytes() == (tmp_path / "a" / "model.safetensors").read_bytes()
+
+
 @pytest.fixture(scope="module")
 def teacher_url(tmp_path_factory: pytest.TempPathFactory):
     """A real vLLM server on the committed teacher (the session's `vllm_url` serves the fixture)."""
     from conftest import _vllm_server
 
-    yield from _vllm_server(str(fixture_build.TEACHER_DIR), tmp_path_factory.mktemp("teacher-vllm"))
+    server = _vllm_server(str(fixture_build.TEACHER_DIR), str(fixture_build.TEACHER_DIR), tmp_path_factory.mktemp("teacher-vllm"))
+    try:
+        yield server.start()
+    finally:
+        server.stop()
 
 
 def _greedy_evaluation(out: Path, model: str, url: str) -> list[dict]:
