@@ -20,14 +20,18 @@ from opd.tracking.traces import Tracer
 logger = logging.getLogger(__name__)
 
 
-def resolve_model(name: str) -> str:
-    """"fixture" -> the project's fixture model directory (built if missing); else `name` once it
-    is found: a local directory, a cached hub model, or one the hub gives now (else a
-    `ConfigError` naming `server.model`, before any server starts)."""
-    if name == "fixture":
-        from opd.fixture.build import ensure_fixture
+# The project's own models by the name a config gives them, and their build presets (opd/fixture/build.py).
+PROJECT_MODELS = {"fixture": "fixture", "fixture_teacher": "teacher"}
 
-        return str(ensure_fixture())
+
+def resolve_model(name: str) -> str:
+    """"fixture" / "fixture_teacher" -> the project's fixture model / its teacher's directory
+    (built if missing); else `name` once it is found: a local directory, a cached hub model, or
+    one the hub gives now (else a `ConfigError` naming `server.model`, before any server starts)."""
+    if name in PROJECT_MODELS:
+        from opd.fixture.build import ensure_preset
+
+        return str(ensure_preset(PROJECT_MODELS[name]))
     from opd.serving.model_lookup import find_model
 
     return find_model(name)
@@ -90,7 +94,7 @@ def teacher_preflight(cfg: Config, model: str) -> str | None:
     from opd.serving.watch import check_servers
 
     name = cfg.teacher.server.model
-    if name == "fixture":
+    if name in PROJECT_MODELS:
         teacher = resolve_model(name)
     else:
         from opd.serving.model_lookup import find_model
@@ -101,7 +105,7 @@ def teacher_preflight(cfg: Config, model: str) -> str | None:
         raise ConfigError(f"teacher.topk must be <= the teacher's vocabulary ({vocab} tokens, {teacher}), got {cfg.teacher.topk}", "teacher.topk")
     check_tokenizers(model, teacher, cfg.server.model, name, compare_template=cfg.teacher.hint)
     if cfg.teacher.server.base_url is not None:
-        check_servers([cfg.teacher.server.base_url], teacher if name == "fixture" else name, "teacher.server.base_url", "teacher.server.model")
+        check_servers([cfg.teacher.server.base_url], teacher if name in PROJECT_MODELS else name, "teacher.server.base_url", "teacher.server.model")
     return teacher
 
 
@@ -247,7 +251,7 @@ def teacher_model(cfg: Config, teacher: str, urls: list[str], tracer: Tracer) ->
     from opd.distill.teacher_model import TeacherModel
     from opd.serving.vllm_client import VLLMClient
 
-    served = cfg.teacher.server.model if cfg.teacher.server.base_url is not None and cfg.teacher.server.model != "fixture" else teacher
+    served = cfg.teacher.server.model if cfg.teacher.server.base_url is not None and cfg.teacher.server.model not in PROJECT_MODELS else teacher
     clients = [VLLMClient(url, served, cfg.teacher.server.api_key, cfg.server.request_timeout_s) for url in urls]
     return TeacherModel(ServerPool(clients, cfg.teacher.max_concurrent, cfg.server.max_attempts), cfg.teacher.server.model, cfg.teacher.topk, tracer)
 
