@@ -67,6 +67,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m experiments.launch model=qwen3 server=vllm server.model=Qwen/Qwen3-4B server.base_urls=[http://a:8000/v1,http://b:8000/v1]": ("fails", "server.model"),
     "python -m vllm.entrypoints.openai.api_server": ("mention", "what server=local starts"),
     "python -m opd.fixture.build": ("help", "training the fixture takes 8 minutes"),
+    "python -m opd.fixture.build --preset teacher": ("help", "training the fixture's teacher takes 30 minutes"),
     "python -m opd.train.untied <model> <dir>": ("help", "tests/test_closed_loop.py serves such a copy and refreshes it"),
     "python -m experiments.launch -m env=opd_coding reward.weights.correctness=0.5,0.7,0.9 reward.weights.efficiency=0.1,0.2": ("run", "the 6-job sweep"),
     "python -m experiments.compare outputs/sweeps/<date>/<time>": ("run", "on that sweep"),
@@ -91,6 +92,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     ".venv/bin/python -m pytest -m \"ray or slurm or browser\"": ("pytest", "the tiers collect"),
     ".venv/bin/python -m pytest -m slow": ("pytest", "the tier collects"),
     ".venv/bin/python -m opd.fixture.build --out /tmp/fixture": ("help", "training the fixture takes 8 minutes"),
+    ".venv/bin/python -m opd.fixture.build --preset teacher --out /tmp/teacher": ("help", "training the fixture's teacher takes 30 minutes"),
     "scripts/lock.sh [cpu] [gpu]": ("syntax", "resolving the locks takes minutes and the registries"),
     "scripts/lock.sh": ("syntax", "as above"),
     "python -m opd.records": ("mention", "the module of view and check"),
@@ -204,6 +206,8 @@ def test_tools_too_long_to_run_here_accept_what_the_readme_passes() -> None:
         assert flag in bench.stdout
     fixture = _python("-m", "opd.fixture.build", "--help")
     assert fixture.returncode == 0 and "--out" in fixture.stdout
+    for flag in ("--preset", "teacher", "--config"):
+        assert flag in fixture.stdout
     for script, env in (("scripts/install.sh", {}), ("scripts/lock.sh", {})):
         assert subprocess.run(["bash", "-n", script], cwd=ROOT, env={**os.environ, **env}).returncode == 0
     assert (ROOT / "locks" / "gpu.txt").exists() and "OPD_INFERENCE" in (ROOT / "scripts/install.sh").read_text()
