@@ -49,7 +49,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db": ("run", "serves the store the runs wrote"),
     "python -m opd.tracking.session": ("mention", "the tracking process the run starts itself"),
     "python -m experiments.launch experiment=closed_loop_inline_math": ("compose", "17 minutes of CPU training"),
-    "python -m experiments.launch env=inline_math teacher=model teacher.server.model=/path/to/teacher":
+    "python -m experiments.launch env=inline_math teacher=model teacher.server.model=fixture_teacher":
         ("compose", "two vLLM servers; run by tests/test_teacher.py with a stand-in teacher and the closed loop"),
     "python -m experiments.bench teacher": ("help", "starts the embedded vLLM: minutes"),
     "python -m experiments.launch -m experiment=reward_sweep_closed_loop && python -m experiments.compare outputs/sweeps/<date>/<time>":

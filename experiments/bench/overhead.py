@@ -68,7 +68,8 @@ def bench_overhead(repeats: int, latencies: tuple[float, ...] = (0.1, 1.0), limi
 
     for latency_s in latencies:
         with scripted_server(latency_s) as url, tempfile.TemporaryDirectory() as tmp:
-            for limit, count in ((limit, count) for limit in limits for count in workers):
+            # Each worker needs a request slot of its own (runner.workers <= max_requests_in_flight).
+            for limit, count in ((limit, count) for limit in limits for count in workers if count <= limit):
                 cfg = compose([
                     "env=inline_math", "server=vllm", f"server.model={FIXTURE}", f"server.base_urls=[{url}]",
                     f"group_size={min(limit, 8)}", "runner.groups_in_flight=null", f"server.max_requests_in_flight={limit}",
