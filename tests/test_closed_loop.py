@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -182,7 +183,6 @@ def test_a_short_closed_loop_trains_refreshes_and_evaluates_in_one_run(tmp_path,
 
 
 def test_groups_that_never_fill_a_batch_or_are_too_stale_are_counted_not_lost_silently(tmp_path) -> None:
-    from types import SimpleNamespace
 
     from opd.sinks.base import Written
     from opd.sinks.trainer import TrainerSink
@@ -200,7 +200,6 @@ def test_groups_that_never_fill_a_batch_or_are_too_stale_are_counted_not_lost_si
 
 
 def test_the_served_weights_version_has_one_owner_the_trainer_raises_it_and_the_environment_reads_it(tmp_path) -> None:
-    from types import SimpleNamespace
 
     from opd.serving.weights import ServedWeights
     from opd.sinks.base import Written
@@ -225,6 +224,7 @@ def test_a_closed_loop_starts_from_its_checkpoint_whatever_the_server_holds(tmp_
     # A sweep's shared server keeps the previous job's trained weights; the next job's trainer
     # puts the checkpoint back before anything is generated or evaluated.
     from opd.serving.vllm_client import VLLMClient
+    from opd.serving.weights import ServedWeights
     from opd.sinks.trainer import TrainerSink
     from opd.train.refresh import refresh
     from opd.train.trainer import LocalTrainer
@@ -249,7 +249,9 @@ def test_a_closed_loop_starts_from_its_checkpoint_whatever_the_server_holds(tmp_
     checkpoint = asyncio.run(served())
     asyncio.run(refresh([vllm_url], other.save(tmp_path / "other")))
     assert distance(asyncio.run(served()), checkpoint) > 0.05
-    sink = TrainerSink(cfg, env=None, model_dir=fixture_model, base_urls=[vllm_url], out_dir=tmp_path / "run", tracker=None)
+    # Opening the sink needs only the served weights' owner of the environment.
+    env = SimpleNamespace(served_weights=ServedWeights())
+    sink = TrainerSink(cfg, env=env, model_dir=fixture_model, base_urls=[vllm_url], out_dir=tmp_path / "run", tracker=None)
     asyncio.run(sink.open())
     assert distance(asyncio.run(served()), checkpoint) < 0.02
 
