@@ -3,6 +3,8 @@ each environment."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conftest import compose
@@ -64,7 +66,7 @@ def test_each_envs_config_builds_the_rubric_of_its_whole_score() -> None:
     assert strict.clamp is None and not strict.passed({"correctness": 0.9}) and strict.passed({"correctness": 1.0})
 
 
-def test_a_weight_without_its_signal_fails_before_any_server_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_weight_without_its_signal_fails_before_any_server_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Adding a signal means adding its weight: the run stops at the preflight, naming
     reward.weights, instead of after vLLM's start-up when the environment is built."""
     from opd.config import ConfigError
@@ -86,7 +88,7 @@ def test_a_weight_without_its_signal_fails_before_any_server_starts(monkeypatch:
 
     monkeypatch.setattr(local_vllm.LocalVLLM, "start", no_server)
     with pytest.raises(ConfigError, match=r"reward.weights must name the signals .* \(missing \['brevity'\]") as err:
-        run_experiment(validate(compose(["env=inline_math", "tracking.enabled=false"])))
+        run_experiment(validate(compose(["env=inline_math", "tracking.enabled=false", f"output_dir={tmp_path}"])))
     assert err.value.key == "reward.weights"
 
 
