@@ -24,17 +24,17 @@ logger = logging.getLogger(__name__)
 PROJECT_MODELS = {"fixture": "fixture", "fixture_teacher": "teacher"}
 
 
-def resolve_model(name: str) -> str:
+def resolve_model(name: str, key: str = "server.model") -> str:
     """"fixture" / "fixture_teacher" -> the project's fixture model / its teacher's directory
     (built if missing); else `name` once it is found: a local directory, a cached hub model, or
-    one the hub gives now (else a `ConfigError` naming `server.model`, before any server starts)."""
+    one the hub gives now (else a `ConfigError` naming `key`, before any server starts)."""
     if name in PROJECT_MODELS:
         from opd.fixture.build import ensure_preset
 
         return str(ensure_preset(PROJECT_MODELS[name]))
     from opd.serving.model_lookup import find_model
 
-    return find_model(name)
+    return find_model(name, key)
 
 
 def vocabulary_size(model: str) -> int | None:
@@ -94,12 +94,7 @@ def teacher_preflight(cfg: Config, model: str) -> str | None:
     from opd.serving.watch import check_servers
 
     name = cfg.teacher.server.model
-    if name in PROJECT_MODELS:
-        teacher = resolve_model(name)
-    else:
-        from opd.serving.model_lookup import find_model
-
-        teacher = find_model(name, "teacher.server.model")
+    teacher = resolve_model(name, "teacher.server.model")
     vocab = vocabulary_size(teacher)
     if vocab is not None and cfg.teacher.topk > vocab:
         raise ConfigError(f"teacher.topk must be <= the teacher's vocabulary ({vocab} tokens, {teacher}), got {cfg.teacher.topk}", "teacher.topk")
