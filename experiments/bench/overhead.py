@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 from experiments.bench.common import FIXTURE, compose, environment, generate_rollouts, get_json, median, scripted_server
+
+logger = logging.getLogger(__name__)
 
 
 async def bare_client(url: str, limit: int, requests: int, prompt: list[int]) -> dict[str, float]:
@@ -66,6 +69,9 @@ def bench_overhead(repeats: int, latencies: tuple[float, ...] = (0.1, 1.0), limi
     is then the driver's in `env_cpu_ms_per_rollout` and the workers' in `workers_cpu_ms_per_rollout`)."""
     from opd.event_loop import run_loop
 
+    skipped = [(limit, count) for limit in limits for count in workers if count > limit]
+    if skipped:
+        logger.warning("overhead: skipping %d point(s) with more workers than request slots (in flight, workers): %s", len(skipped), skipped)
     for latency_s in latencies:
         with scripted_server(latency_s) as url, tempfile.TemporaryDirectory() as tmp:
             # Each worker needs a request slot of its own (runner.workers <= max_requests_in_flight).
