@@ -139,14 +139,14 @@ def test_directories_of_killed_launchers_are_swept(tmp_path: Path) -> None:
     assert not root.exists()
 
 
-def test_a_zombie_is_not_counted_as_alive_but_a_sleeping_process_is() -> None:
-    """A failed call waits until its uid's processes are gone; a zombie (exited, waiting for pid 1
-    to reap it, which this machine's pid 1 does late) runs no code and holds no memory, so it
-    does not hold the call up; a living process does."""
+def test_a_zombie_counts_until_it_is_reaped_as_a_living_process_does() -> None:
+    """A failed call waits until its uid's processes are gone, zombies included: an unreaped
+    zombie still holds one of the uid's process slots, so a workspace that did not wait for them
+    would gather one per call until its process limit refused every call."""
     import subprocess
     import time
 
-    from opd.tools.reaping import living_processes
+    from opd.tools.reaping import processes_of
 
     sleeper, done = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["true"])
     try:
@@ -154,13 +154,14 @@ def test_a_zombie_is_not_counted_as_alive_but_a_sleeping_process_is() -> None:
         while Path(f"/proc/{done.pid}/stat").read_bytes().rpartition(b")")[2].split()[0] != b"Z":
             assert time.monotonic() < deadline, "the child never became a zombie"
             time.sleep(0.01)
-        alive = living_processes(os.getuid())
-        assert sleeper.pid in alive and os.getpid() in alive and done.pid not in alive
+        present = processes_of(os.getuid())
+        assert sleeper.pid in present and os.getpid() in present and done.pid in present
     finally:
         sleeper.kill()
         sleeper.wait()
         done.wait()
-    assert sleeper.pid not in living_processes(os.getuid())
+    present = processes_of(os.getuid())
+    assert sleeper.pid not in present and done.pid not in present
 
 
 def _dead_pid() -> int:

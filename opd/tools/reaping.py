@@ -63,31 +63,26 @@ async def stop(jail: Jail, uid: int | None = None) -> int:
 
 
 async def wait_until_gone(uid: int, timeout_s: float = 5.0) -> None:
-    """Wait (up to `timeout_s`) until no process of `uid` is alive. A zombie is not alive: it has
-    exited, holds no memory and runs no code; it waits only for its parent (for an orphan, the
-    machine's pid 1, which may reap late) to collect its status."""
+    """Wait (up to `timeout_s`) until no process of `uid` is left, zombies included: a zombie still
+    holds one of the uid's RLIMIT_NPROC slots until it is reaped (for the jail's orphaned init,
+    by the machine's pid 1, which may reap late), and a leader whose main thread exited shows as a
+    zombie while its other threads run. A persistent workspace's uid would otherwise gather one
+    zombie per call and hit its process limit."""
     await asyncio.to_thread(_wait_until_gone, uid, timeout_s)
 
 
-def living_processes(uid: int) -> list[int]:
-    """The pids of `uid`'s processes that have not exited (zombies left out)."""
+def processes_of(uid: int) -> list[int]:
+    """The pids of every process of `uid`, zombies included."""
     pids = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            with contextlib.suppress(OSError):  # gone meanwhile: not alive
-                if entry.stat(follow_symlinks=False).st_uid == uid and _state(entry.name) not in ("Z", "X"):
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if entry.stat(follow_symlinks=False).st_uid == uid:
                     pids.append(int(entry.name))
     return pids
 
 
-def _state(pid: str) -> str:
-    """The one-letter state of a process (/proc/<pid>/stat; its name, in parentheses, may hold
-    spaces and parentheses, so the state is read after the last one)."""
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        return handle.read().rpartition(b")")[2].split()[0].decode()
-
-
 def _wait_until_gone(uid: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while living_processes(uid) and time.monotonic() < deadline:
+    while processes_of(uid) and time.monotonic() < deadline:
         time.sleep(0.02)
