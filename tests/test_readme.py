@@ -86,6 +86,8 @@ CHECKS: dict[str, tuple[str, str]] = {
         ("help", "benchmarks take minutes each"),
     "python -m experiments.bench compare --root DIR [--latency S] [--in-flight N] [--workers N,M] [--repeats 3]":
         ("help", "two checkouts' overhead benches side by side: minutes"),
+    "python -m experiments.bench.same_records --rev REV [--env NAME] [--groups 4] [--seed 0] [--set KEY=VALUE]":
+        ("help", "two checkouts' runs: a minute; tests/test_same_records.py runs it on this tree and a changed copy"),
     ".venv/bin/python -m pytest": ("pytest", "the suite collects"),
     ".venv/bin/python -m pytest -m fast": ("pytest", "the tier collects, no heavy test in it"),
     ".venv/bin/python -m pytest -m vllm": ("pytest", "the tier collects"),
@@ -204,6 +206,10 @@ def test_tools_too_long_to_run_here_accept_what_the_readme_passes() -> None:
         assert name in bench.stdout
     for flag in ("--repeats", "--embedded", "--set", "--root"):
         assert flag in bench.stdout
+    same = _python("-m", "experiments.bench.same_records", "--help")
+    assert same.returncode == 0, same.stderr
+    for flag in ("--rev", "--root", "--env", "--groups", "--seed", "--set"):
+        assert flag in same.stdout
     fixture = _python("-m", "opd.fixture.build", "--help")
     assert fixture.returncode == 0 and "--out" in fixture.stdout
     for flag in ("--preset", "teacher", "--config"):
