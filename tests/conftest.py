@@ -32,13 +32,38 @@ def one_fast(values: list, fast: tuple = ()) -> list:
     return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
 
 
+# Tiers whose tests share one server or cluster: under pytest-xdist (`-n`), each runs on one worker
+# (`--dist loadgroup`), so a run starts one vLLM server, one Ray cluster and one Slurm cluster.
+SERVER_TIERS = ("vllm", "ray", "slurm")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with the tier of the fixtures it needs, and `fast` when it is in no heavy tier."""
+    """Mark each test with the tier of the fixtures it needs, and `fast` when it is in no heavy tier;
+    a test of a server tier joins that tier's xdist group (the first such tier it is in)."""
     for item in items:
         for fixture in TIER_OF_FIXTURE.keys() & set(getattr(item, "fixturenames", ())):
             item.add_marker(TIER_OF_FIXTURE[fixture])
         if not any(item.get_closest_marker(tier) for tier in HEAVY_TIERS):
             item.add_marker("fast")
+        group = next((tier for tier in SERVER_TIERS if item.get_closest_marker(tier)), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    if getattr(config.option, "loadgroup", False):  # an xdist worker of a `--dist loadgroup` run
+        for item in items:
+            _join_xdist_group(item)
+
+
+def _join_xdist_group(item: pytest.Item) -> None:
+    """Suffix the item's id with its `xdist_group` names, as pytest-xdist 3.8 means to: it writes
+    `item._nodeid`, which pytest 9.2 no longer reads (pytest-xdist#1386), so its groups were
+    silently ignored. Once xdist writes the id itself, a second suffix names the same group."""
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default")) for mark in item.iter_markers("xdist_group")})
+    if not names or item.nodeid.endswith("@" + "_".join(names)):
+        return
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
 def compose(overrides: list[str] | None = None):
@@ -115,6 +140,11 @@ def _vllm_started_ahead(request: pytest.FixtureRequest, tmp_path_factory: pytest
     if not any("vllm_url" in getattr(item, "fixturenames", ()) for item in request.session.items):
         yield None
         return
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Every xdist worker collects every test but runs only its share: the worker that gets the
+        # vllm group starts the server when its first test asks (the vllm_url fixture).
+        yield None
+        return
     server = _vllm_server(request.getfixturevalue("fixture_model"), request.getfixturevalue("untied_fixture"), tmp_path_factory.mktemp("vllm"))
     pool = ThreadPoolExecutor(max_workers=1)
     started = pool.submit(server.start)
@@ -128,7 +158,14 @@ def _vllm_started_ahead(request: pytest.FixtureRequest, tmp_path_factory: pytest
 
 
 @pytest.fixture(scope="session")
-def vllm_url(_vllm_started_ahead: Future | None) -> str:
-    """A real vLLM server, started once for the whole session."""
-    assert _vllm_started_ahead is not None, "the session's item list named no test that takes vllm_url"
-    return _vllm_started_ahead.result()
+def vllm_url(_vllm_started_ahead: Future | None, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real vLLM server, started once for the whole session (or, under xdist, for the worker that
+    runs the vllm group)."""
+    if _vllm_started_ahead is not None:
+        yield _vllm_started_ahead.result()
+        return
+    server = _vllm_server(request.getfixturevalue("fixture_model"), request.getfixturevalue("untied_fixture"), tmp_path_factory.mktemp("vllm"))
+    try:
+        yield server.start()
+    finally:
+        server.stop()

@@ -44,6 +44,9 @@ from opd.tools.workspace import Workspace
 
 LIMITS = sandbox_limits(timeout_s=4, cpu_s=3, memory_mb=512, file_size_mb=8, max_processes=16, output_chars=500)
 ESCAPE = ROOT / "opd-hostile-escape.txt"
+# The leftover check scans the whole machine for `sleep 987` (and the escape file is one path): under
+# pytest-xdist these tests run on one worker, so one test's live sleeper is never another's leftover.
+pytestmark = pytest.mark.xdist_group("hostile")
 SECRET = "opd-hostile-secret-7f3a"
 LAUNCHER = os.getpid()
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="distinct uids per rollout need a root launcher")
