@@ -151,6 +151,26 @@ def test_copying_the_tokenizer_fails_naming_a_missing_file(tmp_path: Path) -> No
         fixture_build.copy_tokenizer(tmp_path / "src", tmp_path)
 
 
+def test_the_probe_sorts_every_trained_token_and_scores_the_protocol_the_fixture_learned() -> None:
+    from opd.data import math_builtin
+    from opd.data.splits import train_eval_split
+    from opd.fixture.build import runtime_tokenizer
+    from opd.fixture.probe import CLASSES, copy_accuracy
+
+    found = copy_accuracy(fixture_build.DEFAULT_DIR, transcripts=6, seed=3)
+    # Every trained position of the same transcripts is counted once, digits where digits are.
+    _, held_out = train_eval_split(math_builtin.generate(), eval_size=40, seed=0)
+    tokenizer = runtime_tokenizer(fixture_build.DEFAULT_DIR)
+    encoded = [tr.encode(tokenizer, t) for t in tr.math_transcripts(held_out, 6, 3)]
+    trained_ids = [i for ids, trained in encoded for i, t in zip(ids, trained) if t]
+    digits = sum(tokenizer.decode([i]).strip().isdigit() for i in trained_ids)
+    assert sum(found[c]["tokens"] for c in CLASSES) == len(trained_ids)
+    assert found["call_digit"]["tokens"] + found["answer_digit"]["tokens"] == digits > 0
+    assert all(found[c]["tokens"] > 0 for c in CLASSES), found
+    # The fixture writes the protocol's words: a prediction read one position off would miss them.
+    assert found["call_other"]["accuracy"] >= 0.8 and found["answer_other"]["accuracy"] >= 0.9, found
+
+
 @pytest.mark.slow
 def test_one_command_builds_the_teacher_and_its_record_rebuilds_it_bit_for_bit(tmp_path: Path) -> None:
     # A smoke-sized teacher (a few dozen transcripts, three steps): the same command as the

@@ -95,6 +95,8 @@ CHECKS: dict[str, tuple[str, str]] = {
     ".venv/bin/python -m pytest -m slow": ("pytest", "the tier collects"),
     ".venv/bin/python -m opd.fixture.build --out /tmp/fixture": ("help", "training the fixture takes 8 minutes"),
     ".venv/bin/python -m opd.fixture.build --preset teacher --out /tmp/teacher": ("help", "training the fixture's teacher takes 30 minutes"),
+    ".venv/bin/python -m opd.fixture.probe /tmp/teacher": ("help", "a teacher built there; tests/test_fixture.py probes the fixture"),
+    "python -m opd.fixture.probe [MODEL_DIR ...]": ("help", "as above"),
     "scripts/lock.sh [cpu] [gpu]": ("syntax", "resolving the locks takes minutes and the registries"),
     "scripts/lock.sh": ("syntax", "as above"),
     "python -m opd.records": ("mention", "the module of view and check"),
@@ -210,6 +212,8 @@ def test_tools_too_long_to_run_here_accept_what_the_readme_passes() -> None:
     assert same.returncode == 0, same.stderr
     for flag in ("--rev", "--root", "--env", "--groups", "--seed", "--set"):
         assert flag in same.stdout
+    probe = _python("-m", "opd.fixture.probe", "--help")
+    assert probe.returncode == 0 and "--transcripts" in probe.stdout and "MODEL_DIR" in probe.stdout, probe.stderr[-2000:]
     fixture = _python("-m", "opd.fixture.build", "--help")
     assert fixture.returncode == 0 and "--out" in fixture.stdout
     for flag in ("--preset", "teacher", "--config"):
