@@ -152,14 +152,12 @@ def test_copying_the_tokenizer_fails_naming_a_missing_file(tmp_path: Path) -> No
 
 
 def test_the_probe_sorts_every_trained_token_and_scores_the_protocol_the_fixture_learned() -> None:
-    from opd.data import math_builtin
-    from opd.data.splits import train_eval_split
-    from opd.fixture.build import runtime_tokenizer
+    from opd.fixture.build import math_split, runtime_tokenizer
     from opd.fixture.probe import CLASSES, copy_accuracy
 
     found = copy_accuracy(fixture_build.DEFAULT_DIR, transcripts=6, seed=3)
     # Every trained position of the same transcripts is counted once, digits where digits are.
-    _, held_out = train_eval_split(math_builtin.generate(), eval_size=40, seed=0)
+    _, held_out = math_split()
     tokenizer = runtime_tokenizer(fixture_build.DEFAULT_DIR)
     encoded = [tr.encode(tokenizer, t) for t in tr.math_transcripts(held_out, 6, 3)]
     trained_ids = [i for ids, trained in encoded for i, t in zip(ids, trained) if t]
