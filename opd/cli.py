@@ -114,8 +114,48 @@ def composition_error(err: BaseException, overrides: list[str]) -> str | None:
             message = str(cause).splitlines()[0]
             return f"{typed}: {message} (the type of {full_key or 'this key'})"
         return f"{typed}: {str(cause).splitlines()[0]}"
+    clash = _clash(str(err), overrides)
+    if clash:
+        return clash
     first = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
     return first or None
+
+
+# Hydra's message when a config file it merges sets a key the selected schema lacks.
+_FILE_KEY_ERROR = re.compile(r"^In '(?P<group>[\w.-]+)/(?P<option>[\w.-]+)': ConfigKeyError raised while composing config:"
+                             r".*?full_key: (?P<key>\S+)", re.S)
+
+
+def _clash(message: str, overrides: Iterable[str]) -> str | None:
+    """`arm=grpo sets trainer.loss, which trainer=atropos does not have; ...` for a config file
+    (one a user chose) that sets a key of another group whose option, chosen too, lacks it: two
+    choices that do not go together, named as typed. None for any other message."""
+    found = _FILE_KEY_ERROR.match(message)
+    if not found:
+        return None
+    group, option, key = found["group"], found["option"], found["key"]
+    owner = key.split(".", 1)[0]
+    chosen = next((o.lstrip("+") for o in overrides if o.lstrip("+").split("=", 1)[0] == owner), None)
+    if chosen is None:
+        return None
+    wanted = _selects(group, option, owner)
+    needs = f"{group}={option} selects {owner}={wanted}" if wanted else f"{group}={option} is written for another {owner}"
+    return f"{group}={option} sets {key}, which {chosen} does not have; {needs}: choose one of the two"
+
+
+def _selects(group: str, option: str, other: str) -> str | None:
+    """The option of group `other` that conf/<group>/<option>.yaml's defaults select (or None)."""
+    path = CONF_DIR / group / f"{option}.yaml"
+    if not path.is_file():
+        return None
+    defaults = OmegaConf.load(path).get("defaults") or []
+    for entry in defaults:
+        if isinstance(entry, str) or not hasattr(entry, "items"):
+            continue
+        for name, value in entry.items():
+            if str(name).removeprefix("override ").strip("/") == other:
+                return str(value)
+    return None
 
 
 def unwritable(directory: Path) -> str | None:

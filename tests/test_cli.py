@@ -27,6 +27,9 @@ def launch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     (["group_size=abc"], "error: group_size=abc: Value 'abc' of type 'str' could not be converted to Integer"),
     (["envv.temperature=1"], "error: envv.temperature=1: envv is not a config key; did you mean env?"),
     (["a=["], "error: cannot read the override:"),
+    # Two choices that do not go together: the arm's file sets a key the chosen trainer lacks.
+    (["arm=grpo", "trainer=atropos"],
+     "error: arm=grpo sets trainer.loss, which trainer=atropos does not have; arm=grpo selects trainer=local: choose one of the two"),
 ])
 def test_a_mistyped_input_is_one_line_naming_it_and_the_nearest(args: list[str], line: str) -> None:
     out = launch(*args)
