@@ -10,6 +10,7 @@ When the jobs evaluated during their runs (eval.every), it ranks the points (arm
 experiment=opd_vs_grpo's) by their paired held-out gain with its interval, from the per-item rows
 the jobs logged (compare_gain.csv), says whether the best point is told apart from each other on
 the same items, and plots each point's eval curve, the mean over its seeds (compare_gain.png).
+When the verdict over seeds and the paired one over items differ, it says why and what settles it.
 """
 
 from __future__ import annotations
@@ -135,17 +136,25 @@ def points(sweep: Sweep) -> list[dict[str, Any]]:
     return out
 
 
+def _seed_p(rows: list[dict[str, Any]]) -> float | None:
+    """Welch's t-test p of the best point's objectives against the runner-up's over their seeds
+    (None: fewer than two points, or a point with one seed)."""
+    if len(rows) < 2 or rows[0]["seeds"] < 2 or rows[1]["seeds"] < 2:
+        return None
+    from scipy.stats import ttest_ind
+
+    return float(ttest_ind(rows[0]["objectives"], rows[1]["objectives"], equal_var=False).pvalue)
+
+
 def separation(rows: list[dict[str, Any]]) -> str:
     """Whether the best point's objective is told apart from the runner-up's over their seeds."""
     if len(rows) < 2:
         return ""
     best, second = rows[0], rows[1]
     difference = best["objective_mean"] - second["objective_mean"]
-    if best["seeds"] < 2 or second["seeds"] < 2:
+    p = _seed_p(rows)
+    if p is None:
         return f"best minus runner-up: {difference:+.4g}; one seed per point cannot tell it from noise (sweep.seeds=N)"
-    from scipy.stats import ttest_ind
-
-    p = float(ttest_ind(best["objectives"], second["objectives"], equal_var=False).pvalue)
     verdict = "told apart from the seeds' spread" if p < 0.05 else "NOT told apart from the seeds' spread"
     return (f"best minus runner-up: {difference:+.4g} (seed sd {best['objective_sd']:.3g} and {second['objective_sd']:.3g}); "
             f"Welch's t-test p = {p:.3g}: {verdict}")
@@ -334,8 +343,6 @@ def gain_separation(ranking: list[dict[str, Any]], confidence: float = 0.95) -> 
     """Whether the best point stands apart from each other: do the gains' intervals overlap, and
     the paired difference of the two points' per-item changes on their common items (seed means)
     with its bootstrap interval; told apart when that interval lies above 0."""
-    from opd.sinks.evaluation import paired_statistics
-
     if len(ranking) < 2:
         return []
     best = ranking[0]
@@ -343,8 +350,7 @@ def gain_separation(ranking: list[dict[str, Any]], confidence: float = 0.95) -> 
              f"over {best['items']} items, {best['seeds']} seed(s)"]
     apart: list[bool] = []
     for other in ranking[1:]:
-        mine, theirs = best["_point"].mean_change(), other["_point"].mean_change()
-        stats = paired_statistics([mine[item] - theirs[item] for item in mine if item in theirs], confidence)
+        stats = _paired_difference(best, other, confidence)
         overlap = best["gain_low"] <= other["gain_high"]
         told = stats["gain_low"] > 0
         apart.append(told)
@@ -355,6 +361,43 @@ def gain_separation(ranking: list[dict[str, Any]], confidence: float = 0.95) -> 
     lines.append("the best is told apart from every other" if not close else
                  f"the best is NOT told apart from {', '.join(close)}: which of them is best is not established")
     return lines
+
+
+def _paired_difference(best: dict[str, Any], other: dict[str, Any], confidence: float) -> dict[str, float]:
+    """`paired_statistics` of best's per-item change minus other's (seed means) on their common items."""
+    from opd.sinks.evaluation import paired_statistics
+
+    mine, theirs = best["_point"].mean_change(), other["_point"].mean_change()
+    return paired_statistics([mine[item] - theirs[item] for item in mine if item in theirs], confidence)
+
+
+def verdicts_disagree(per_point: list[dict[str, Any]], ranking: list[dict[str, Any]], confidence: float = 0.95) -> str:
+    """Why the two verdicts on a seeded sweep differ, when they do ('' when they agree or only
+    one was given). Over seeds, n is the seeds: it sees how much another training seed moves the
+    result but, with few seeds, tells little apart. Paired over items, n is the held-out items,
+    each averaged over the seeds: it sees the items' noise but not the seeds' spread."""
+    if len(per_point) < 2 or len(ranking) < 2:
+        return ""
+    p = _seed_p(per_point)
+    if p is None:
+        return ""
+    swept = [key for key in ranking[0]["_point"].values]
+    seed_best = ",".join(f"{key}={per_point[0].get(key, '')}" for key in swept)
+    if seed_best != ranking[0]["_point"].label:
+        return (f"the two rankings name different bests ({seed_best} over seeds, {ranking[0]['_point'].label} paired over items): "
+                "their objectives differ (an item left out of the pairing, or another objective); the paired one compares like with like")
+    seeds_told = p < 0.05
+    items_told = _paired_difference(ranking[0], ranking[1], confidence)["gain_low"] > 0
+    if seeds_told == items_told:
+        return ""
+    seeds = min(per_point[0]["seeds"], per_point[1]["seeds"])
+    if items_told:
+        return (f"the verdicts differ: paired over {ranking[0]['items']} items the best is told apart, over {seeds} seeds it is not. "
+                "These runs differ beyond the items' noise, but the seeds' own spread is barely measured; whether another "
+                "training seed keeps the order is open: more seeds (sweep.seeds=N) settle it")
+    return (f"the verdicts differ: over {seeds} seeds the best is told apart, paired over {ranking[0]['items']} items it is not. "
+            "The seeds agree closely, but the difference is small against the held-out items' noise: "
+            "a larger held-out split (more items) settles it")
 
 
 def mean_curves(points_: list[Point], client: Any) -> dict[str, tuple[str, list[int], list[float], list[float], list[float]]]:
@@ -473,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("ranked by paired held-out gain (each item's accuracy at the run's last evaluation minus its first, on the same "
                          "items and seeded samples; the mean over seeds per item):\n" + table(_public(sweep.ranking)) + "\n")
         sys.stdout.write("\n".join(gain_separation(sweep.ranking, sweep.confidence)) + "\n")
+        if why := verdicts_disagree(per_point, sweep.ranking, sweep.confidence):
+            sys.stdout.write(why + "\n")
         sys.stdout.write(f"(compare_gain.csv; the points' eval curves in compare_gain.png, in {csv_path.parent})\n\n")
     sys.stdout.write(f"ranked by: {sweep.objective}\ntable: {csv_path}\nplot:  {png_path}\n(logged to the parent run {sweep.parent_run_id} under compare/, with compare_eval.png when the runs evaluated)\n\n")
     sys.stdout.write(f"MLflow UI:  mlflow ui --backend-store-uri {sweep.tracking_uri}\ncompare view: {address}\n")

@@ -149,3 +149,41 @@ def test_a_sweep_without_evaluations_has_no_gain_ranking(tmp_path: Path) -> None
         client.set_terminated(run, "FINISHED")
     sweep, *_ = compare(parent, uri, out_dir=tmp_path / "out")
     assert sweep.ranking == [] and not (tmp_path / "out" / "compare_gain.csv").exists()
+
+
+
+def test_when_the_items_tell_the_arms_apart_and_two_seeds_do_not_the_command_says_why(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import mlflow
+
+    from experiments.compare import gain_points, gain_ranking, gain_separation, load, main, points, separation, verdicts_disagree
+
+    # Two seeds far apart: every item rises under mix, so the items tell it from grpo; two seeds cannot.
+    parent, uri, _ = _log_sweep(tmp_path, {"grpo": [0.0, 0.05], "mix": [0.9, 0.25]})
+    sweep = load(parent, uri)
+    per_point, ranking = points(sweep), gain_ranking(gain_points(sweep, mlflow.MlflowClient(uri), tmp_path / "downloads"))
+    assert "NOT told apart from the seeds' spread" in separation(per_point)
+    assert gain_separation(ranking)[-1] == "the best is told apart from every other"
+    why = verdicts_disagree(per_point, ranking)
+    assert why.startswith(f"the verdicts differ: paired over {ITEMS} items the best is told apart, over 2 seeds it is not") and "sweep.seeds=N" in why
+    assert main([parent, "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 0
+    assert why in capsys.readouterr().out
+
+
+def test_when_the_seeds_tell_the_arms_apart_and_the_items_do_not_the_reason_is_the_items() -> None:
+    from experiments.compare import Point, gain_ranking, verdicts_disagree
+
+    # Per item, mix minus grpo swings +0.5 / -0.4 (mean +0.05, too noisy over 10 items); every
+    # seed sees the same swing, so the seeds' objectives differ by 0.05 with almost no spread.
+    items = [f"i{n}" for n in range(10)]
+    swing = [0.5 if n % 2 == 0 else -0.4 for n in range(10)]
+    jitter = [0.0, 0.001, -0.001]
+    mix = Point({"arm": "mix"}, ["m0", "m1", "m2"], [{i: 0.1 + d + j for i, d in zip(items, swing)} for j in jitter], [{i: 0.0 for i in items}] * 3)
+    grpo = Point({"arm": "grpo"}, ["g0", "g1", "g2"], [{i: 0.1 + j for i in items} for j in jitter], [{i: 0.0 for i in items}] * 3)
+    ranking = gain_ranking([grpo, mix])
+    objectives = {p.values["arm"]: [sum(c.values()) / len(c) for c in p.changes] for p in (mix, grpo)}
+    per_point = [{"arm": arm, "seeds": 3, "objective_mean": sum(v) / 3, "objectives": v} for arm, v in
+                 sorted(objectives.items(), key=lambda kv: -sum(kv[1]))]
+    why = verdicts_disagree(per_point, ranking)
+    assert why.startswith("the verdicts differ: over 3 seeds the best is told apart, paired over 10 items it is not") and "more items" in why
+    # Agreeing verdicts say nothing more.
+    assert verdicts_disagree(per_point[:1], ranking) == "" and verdicts_disagree(per_point, ranking[:1]) == ""
