@@ -67,9 +67,15 @@ def _join_xdist_group(item: pytest.Item) -> None:
 
 
 def compose(overrides: list[str] | None = None):
-    """The real config tree composed like the launcher does (output_dir filled in): a copy of its
-    own, composed once a session for the same overrides (Hydra takes ~0.2 s of CPU a compose)."""
-    return copy.deepcopy(_composed(("output_dir=/tmp/opd-test-unused", *(overrides or []))))
+    """The real config tree composed like the launcher does: a copy of its own, composed once a
+    session for the same overrides (Hydra takes ~0.2 s of CPU a compose). Its output_dir is a place
+    nothing can be made in, so a test that writes under it fails instead of writing into a shared
+    directory; such a test sets output_dir to its tmp_path."""
+    return copy.deepcopy(_composed((f"output_dir={UNWRITABLE_DIR}", *(overrides or []))))
+
+
+# Under /proc no directory can be made, by root either.
+UNWRITABLE_DIR = "/proc/opd-tests-set-output_dir"
 
 
 @functools.lru_cache(maxsize=None)
