@@ -37,8 +37,10 @@ def median(values: list[float]) -> float:
 
 
 @contextlib.contextmanager
-def scripted_server(latency_s: float, fail_every: int = 0) -> Iterator[str]:
-    """The scripted server (opd/serving/scripted_server.py) in its own process; yields its /v1 URL."""
+def scripted_server(latency_s: float, fail_every: int = 0, startup_s: float = 240) -> Iterator[str]:
+    """The scripted server (opd/serving/scripted_server.py) in its own process; yields its /v1 URL.
+    It has `startup_s` to answer: it imports transformers and loads a tokenizer, which takes over a
+    minute on a loaded 2-core machine (a server that dies stops the wait at once)."""
     from opd.fixture.build import ensure_fixture
     from opd.serving.local_vllm import free_port
     from opd.serving.watch import healthy
@@ -53,11 +55,11 @@ def scripted_server(latency_s: float, fail_every: int = 0) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + startup_s
         while not healthy(url):
             if proc.poll() is not None or time.monotonic() > deadline:
                 log.seek(0)
-                raise RuntimeError(f"scripted server did not start: {log.read().decode(errors='replace')[-2000:]}")
+                raise RuntimeError(f"scripted server did not answer within {startup_s:.0f} s or exited: {log.read().decode(errors='replace')[-2000:]}")
             time.sleep(0.1)
         yield url
     finally:
