@@ -146,8 +146,9 @@ def _seed_p(rows: list[dict[str, Any]]) -> float | None:
     return float(ttest_ind(rows[0]["objectives"], rows[1]["objectives"], equal_var=False).pvalue)
 
 
-def separation(rows: list[dict[str, Any]]) -> str:
-    """Whether the best point's objective is told apart from the runner-up's over their seeds."""
+def separation(rows: list[dict[str, Any]], confidence: float = 0.95) -> str:
+    """Whether the best point's objective is told apart from the runner-up's over their seeds
+    (Welch's p below 1 - `confidence`, the level of the paired intervals too)."""
     if len(rows) < 2:
         return ""
     best, second = rows[0], rows[1]
@@ -155,7 +156,7 @@ def separation(rows: list[dict[str, Any]]) -> str:
     p = _seed_p(rows)
     if p is None:
         return f"best minus runner-up: {difference:+.4g}; one seed per point cannot tell it from noise (sweep.seeds=N)"
-    verdict = "told apart from the seeds' spread" if p < 0.05 else "NOT told apart from the seeds' spread"
+    verdict = "told apart from the seeds' spread" if p < 1 - confidence else "NOT told apart from the seeds' spread"
     return (f"best minus runner-up: {difference:+.4g} (seed sd {best['objective_sd']:.3g} and {second['objective_sd']:.3g}); "
             f"Welch's t-test p = {p:.3g}: {verdict}")
 
@@ -381,13 +382,17 @@ def verdicts_disagree(per_point: list[dict[str, Any]], ranking: list[dict[str, A
     p = _seed_p(per_point)
     if p is None:
         return ""
-    swept = [key for key in ranking[0]["_point"].values]
-    seed_best = ",".join(f"{key}={per_point[0].get(key, '')}" for key in swept)
-    if seed_best != ranking[0]["_point"].label:
-        return (f"the two rankings name different bests ({seed_best} over seeds, {ranking[0]['_point'].label} paired over items): "
+    swept = list(ranking[0]["_point"].values)
+    best, runner_up = (",".join(f"{key}={row.get(key, '')}" for key in swept) for row in per_point[:2])
+    if best != ranking[0]["_point"].label:
+        return (f"the two rankings name different bests ({best} over seeds, {ranking[0]['_point'].label} paired over items): "
                 "their objectives differ (an item left out of the pairing, or another objective); the paired one compares like with like")
-    seeds_told = p < 0.05
-    items_told = _paired_difference(ranking[0], ranking[1], confidence)["gain_low"] > 0
+    # The verdict over seeds is about the runner-up by mean objective: the paired one about the same point.
+    other = next((row for row in ranking[1:] if row["_point"].label == runner_up), None)
+    if other is None:
+        return ""
+    seeds_told = p < 1 - confidence
+    items_told = _paired_difference(ranking[0], other, confidence)["gain_low"] > 0
     if seeds_told == items_told:
         return ""
     seeds = min(per_point[0]["seeds"], per_point[1]["seeds"])
@@ -511,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     per_point = points(sweep)
     if per_point:
         sys.stdout.write("per sweep point, over its seeds:\n" + table([{k: v for k, v in r.items() if k != "objectives"} for r in per_point]) + "\n")
-        sys.stdout.write(separation(per_point) + "\n\n")
+        sys.stdout.write(separation(per_point, sweep.confidence) + "\n\n")
     if sweep.ranking:
         sys.stdout.write("ranked by paired held-out gain (each item's accuracy at the run's last evaluation minus its first, on the same "
                          "items and seeded samples; the mean over seeds per item):\n" + table(_public(sweep.ranking)) + "\n")

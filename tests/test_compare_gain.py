@@ -179,11 +179,31 @@ def test_when_the_seeds_tell_the_arms_apart_and_the_items_do_not_the_reason_is_t
     jitter = [0.0, 0.001, -0.001]
     mix = Point({"arm": "mix"}, ["m0", "m1", "m2"], [{i: 0.1 + d + j for i, d in zip(items, swing)} for j in jitter], [{i: 0.0 for i in items}] * 3)
     grpo = Point({"arm": "grpo"}, ["g0", "g1", "g2"], [{i: 0.1 + j for i in items} for j in jitter], [{i: 0.0 for i in items}] * 3)
-    ranking = gain_ranking([grpo, mix])
-    objectives = {p.values["arm"]: [sum(c.values()) / len(c) for c in p.changes] for p in (mix, grpo)}
-    per_point = [{"arm": arm, "seeds": 3, "objective_mean": sum(v) / 3, "objectives": v} for arm, v in
-                 sorted(objectives.items(), key=lambda kv: -sum(kv[1]))]
+
+    def both(points: list[Point]) -> tuple[list[dict], list[dict]]:
+        """(the rows over seeds, the paired ranking) of `points`, as the command computes them."""
+        objectives = {p.values["arm"]: [sum(c.values()) / len(c) for c in p.changes] for p in points}
+        per_point = [{"arm": arm, "seeds": 3, "objective_mean": sum(v) / 3, "objectives": v} for arm, v in
+                     sorted(objectives.items(), key=lambda kv: -sum(kv[1]))]
+        return per_point, gain_ranking(points)
+
+    per_point, ranking = both([grpo, mix])
     why = verdicts_disagree(per_point, ranking)
     assert why.startswith("the verdicts differ: over 3 seeds the best is told apart, paired over 10 items it is not") and "more items" in why
-    # Agreeing verdicts say nothing more.
     assert verdicts_disagree(per_point[:1], ranking) == "" and verdicts_disagree(per_point, ranking[:1]) == ""
+    # Verdicts that agree (mix +0.5 on every item, on every seed: told apart both ways) say nothing more.
+    clear = Point({"arm": "mix"}, ["m0", "m1", "m2"], [{i: 0.6 + j for i in items} for j in jitter], [{i: 0.0 for i in items}] * 3)
+    assert verdicts_disagree(*both([grpo, clear])) == ""
+    # Ranked by another objective (accuracy, say), the runner-up over seeds need not be the paired
+    # one. Paired, top's runner-up is mix (top minus mix: +0.1 on every item, told apart); over
+    # seeds it is opd, which top beats by a noisy +0.11 per item (not told apart), nor over seeds:
+    # the two verdicts on opd agree, and comparing the seeds' verdict on opd with the items' on
+    # mix would report a false disagreement.
+    top = Point({"arm": "top"}, ["t0", "t1", "t2"], [{i: 0.2 + d + j for i, d in zip(items, swing)} for j in jitter], [{i: 0.0 for i in items}] * 3)
+    opd = Point({"arm": "opd"}, ["o0", "o1", "o2"], [{i: 0.14 + j for i in items} for j in jitter], [{i: 0.0 for i in items}] * 3)
+    ranking = gain_ranking([top, opd, mix])
+    assert [r["arm"] for r in ranking] == ["top", "mix", "opd"]
+    per_point = [{"arm": "top", "seeds": 3, "objective_mean": 0.50, "objectives": [0.40, 0.50, 0.60]},
+                 {"arm": "opd", "seeds": 3, "objective_mean": 0.45, "objectives": [0.35, 0.45, 0.55]},
+                 {"arm": "mix", "seeds": 3, "objective_mean": 0.10, "objectives": [0.10, 0.11, 0.09]}]
+    assert verdicts_disagree(per_point, ranking) == ""
