@@ -135,6 +135,8 @@ def _clash(message: str, overrides: Iterable[str]) -> str | None:
         return None
     group, option, key = found["group"], found["option"], found["key"]
     owner = key.split(".", 1)[0]
+    if owner == group:  # a file's own group lacks the key: a mistake in that file, not a clash
+        return None
     chosen = next((o.lstrip("+") for o in overrides if o.lstrip("+").split("=", 1)[0] == owner), None)
     if chosen is None:
         return None

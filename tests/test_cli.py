@@ -38,6 +38,14 @@ def test_a_mistyped_input_is_one_line_naming_it_and_the_nearest(args: list[str],
     assert "_schema" not in out.stderr and "Traceback" not in out.stderr
 
 
+def test_a_key_missing_from_a_files_own_group_is_not_called_a_clash_of_two_choices() -> None:
+    from opd.cli import _clash
+
+    error = "In '{}': ConfigKeyError raised while composing config:\nKey 'x' not in 'TrainerConfig'\n    full_key: trainer.x\n    object_type=TrainerConfig"
+    assert _clash(error.format("trainer/local"), ["trainer=local"]) is None
+    assert _clash(error.format("arm/grpo"), ["arm=grpo", "trainer=atropos"]).startswith("arm=grpo sets trainer.x, which trainer=atropos does not have")
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["server=vllm"], "server.model must be set: server=vllm needs the model name its servers serve: server.model=NAME"),
     (["mode=trian"], "mode must be one of ['train', 'evaluate', 'serve'], got 'trian'; did you mean train?"),
