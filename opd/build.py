@@ -218,6 +218,18 @@ class TeacherServer:
             raise self.error
         return [self.local.base_url]
 
+    def watch(self) -> ServerWatch | None:
+        """The teacher's own watch (after `urls`): its local server restarted up to
+        teacher.server.max_restarts times, a running one waited for; None on the policy's server,
+        which the policy's watch covers."""
+        settings, wait = self.cfg.teacher.server, self.cfg.server.unreachable_timeout_s
+        if settings.base_url is not None:
+            return ServerWatch([settings.base_url], unreachable_timeout_s=wait, name="teacher")
+        if self.reuse:
+            return None
+        return ServerWatch([self.local.base_url], local=self.local, max_restarts=settings.max_restarts, unreachable_timeout_s=wait,
+                           name="teacher", restarts_key="teacher.server.max_restarts")
+
     def __exit__(self, *exc: Any) -> None:
         if self.local is not None:
             if self.thread is not None:
@@ -304,7 +316,8 @@ def environment_arguments(cfg: Config, data: TaskSet, model: str, pool: ServerPo
     if teacher is not None:
         common["teacher"] = teacher
     elif cfg.teacher.kind == "model":  # never records that quietly lack the teacher's rows
-        raise ConfigError("teacher: teacher=model runs through python -m experiments.launch (opd.experiment serves and checks the teacher); "
+        raise ConfigError("teacher: teacher=model runs through python -m experiments.launch (opd.experiment serves and checks the teacher) "
+                          "or atroposlib's commands with teacher.server.base_url; "
                           "this entry point does not carry one", "teacher")
     return spec_of(cfg.env).constructor_arguments(cfg, common, judge)
 

@@ -29,7 +29,7 @@ from opd.data.sources import TaskSet
 from opd.envs.base import RolloutEnv
 from opd.event_loop import run_loop
 from opd.runner import Runner, RunnerLimits, RunStats
-from opd.serving.watch import ServerWatch
+from opd.serving.watch import ServerWatch, Watches
 from opd.sinks.base import Sink
 from opd.sweep.progress import SUMMARY_FILE, job_line
 from opd.sweep.state import SweepJob, run_name, shared_server_for
@@ -120,7 +120,9 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
     data = build.load_data(cfg)
     model = build.resolve_model(cfg.server.model)
     build.preflight(cfg, model)
-    teacher_dir = build.teacher_preflight(cfg, model)
+    teacher_dir = build.teacher_preflight(cfg, model) if cfg.mode != "evaluate" else None
+    if cfg.mode == "evaluate" and cfg.teacher.kind == "model":
+        logger.info("mode=evaluate measures the policy alone: teacher=model's server is not started")
     if job is not None:
         logger.info("%s: %s", job_line(job.state, job.num), run_name(job.swept))
     run_id = None
@@ -138,7 +140,9 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
         # teacher=model's own server (if it needs one) starts beside the policy's.
         teacher_server = stack.enter_context(build.TeacherServer(cfg, model, teacher_dir, out / "vllm_teacher")) if teacher_dir else None
         urls, watch = stack.enter_context(build.inference_servers(cfg, model, out / "vllm", shared=shared))
-        teacher = build.teacher_model(cfg, teacher_dir, teacher_server.urls(urls), tracer) if teacher_server and teacher_dir else None
+        teacher_urls = teacher_server.urls(urls) if teacher_server and teacher_dir else []
+        teacher = build.teacher_model(cfg, teacher_dir, teacher_urls, tracer) if teacher_urls else None
+        teacher_watch = teacher_server.watch() if teacher_server else None
         env = build.environment(cfg, data, model, build.server_pool(cfg, model, urls), tracer, build.judge_pool(cfg), teacher)
         groups = build.groups_in_flight(cfg, len(urls))
         logger.info("%d groups (%d rollouts) in flight for %d request slots", groups, groups * cfg.group_size, cfg.server.max_requests_in_flight * len(urls))
@@ -155,11 +159,11 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
             if cfg.runner.workers > 1:  # environment workers on Ray; the sinks stay here
                 from opd.distributed.source import environment_workers
 
-                workers = stack.enter_context(environment_workers(cfg, data, model, urls))
+                workers = stack.enter_context(environment_workers(cfg, data, model, urls, (teacher_dir, teacher_urls) if teacher_urls else None))
             # Jobs at once in this machine's processes: the launcher shows one bar for all of them.
             progress = cfg.runner.progress and not (job is not None and job.state.parallel)
-            stats, extra = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups, workers, progress), cfg.runner.uvloop)
-            summary, history = {**summarize(stats, sinks, env, watch), **extra}, stats.history
+            stats, extra = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups, workers, progress, teacher_watch), cfg.runner.uvloop)
+            summary, history = {**summarize(stats, sinks, env, watch, teacher_watch), **extra}, stats.history
             logger.info("wrote %d groups to %s in %.1f s (%d failed)", stats.written, out / GROUPS_FILE, stats.elapsed, stats.failed)
         objective_name = cfg.sweep.objective or default_objective(cfg)
         objective = objective_of(objective_name, summary, history)
@@ -214,9 +218,10 @@ def summary_table(cfg: Config, report: dict[str, Any]) -> str:
 
 
 async def _generate(cfg: Config, env: RolloutEnv, sinks: list[Sink], watch: ServerWatch, groups: int, kept: list[dict[str, Any]],
-                    workers: list[Any] | None = None, progress: bool = True) -> tuple[RunStats, dict[str, float]]:
+                    workers: list[Any] | None = None, progress: bool = True, teacher_watch: ServerWatch | None = None) -> tuple[RunStats, dict[str, float]]:
     """Open the sinks, run the generation loop (on `workers` when given), close everything (sinks
-    learn the final status); the runner's statistics and the workers' `summary/*`."""
+    learn the final status); the runner's statistics and the workers' `summary/*`. After a failed
+    group the policy's servers are checked, then teacher=model's (`teacher_watch`)."""
     status = "FAILED"
     source: Any = env
     if workers is not None:
@@ -225,7 +230,8 @@ async def _generate(cfg: Config, env: RolloutEnv, sinks: list[Sink], watch: Serv
         source = WorkerSource(env, workers, cfg.runner.ray.startup_timeout_s)
     async with AsyncExitStack() as stack:
         stack.push_async_callback(env.close)
-        await watch.check()  # a server that is down at the start: wait (bounded) or fail clearly
+        checks = Watches(watch, teacher_watch)
+        await checks.check()  # a server that is down at the start: wait (bounded) or fail clearly
         await env.setup()
         for sink in sinks:
             await sink.open()
@@ -234,7 +240,7 @@ async def _generate(cfg: Config, env: RolloutEnv, sinks: list[Sink], watch: Serv
         try:
             max_dropped = cfg.runner.max_dropped_groups if cfg.runner.max_dropped_groups is not None else 10 * cfg.total_steps
             limits = RunnerLimits(groups, cfg.runner.max_attempts_per_item, cfg.runner.max_failed_groups, max_dropped)
-            runner = Runner(source, sinks, cfg.total_steps, limits, on_failure=watch.check, progress=progress, kept=kept,
+            runner = Runner(source, sinks, cfg.total_steps, limits, on_failure=checks.check, progress=progress, kept=kept,
                             drop=env.drop_reason)
             stats = await runner.run()
             status = "FINISHED"
@@ -254,8 +260,9 @@ async def _evaluate(env: RolloutEnv, watch: ServerWatch, evaluator: Any) -> dict
         await env.close()
 
 
-def summarize(stats: RunStats, sinks: list[Sink], env: RolloutEnv, watch: ServerWatch) -> dict[str, float]:
-    """The run's `summary/*` metrics: the runner's counts, each sink's, the servers'."""
+def summarize(stats: RunStats, sinks: list[Sink], env: RolloutEnv, watch: ServerWatch, teacher_watch: ServerWatch | None = None) -> dict[str, float]:
+    """The run's `summary/*` metrics: the runner's counts, each sink's, the servers' (the
+    teacher's own, when it has a watch)."""
     rewards = stats.history.get("reward/mean", [])
     summary = {
         "summary/groups_written": float(stats.written),
@@ -269,6 +276,8 @@ def summarize(stats: RunStats, sinks: list[Sink], env: RolloutEnv, watch: Server
         "summary/server_request_errors": float(env.request_errors),
         "summary/server_restarts": float(watch.restarts),
     }
+    if teacher_watch is not None:
+        summary.update({"summary/teacher_server_outages": float(teacher_watch.outages), "summary/teacher_server_restarts": float(teacher_watch.restarts)})
     for sink in sinks:
         summary.update(sink.summary())
     return summary

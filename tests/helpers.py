@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from conftest import ROOT, compose
-from opd.records import MASK, MASKED_LOGPROB
+from opd.records import DISTILL_PAD_ID, MASK, MASKED_LOGPROB, check_group
 from opd.serving.local_vllm import free_port
 
-__all__ = ["Proxy", "free_port", "run_args", "launch", "launch_process", "mlflow_run", "lines", "serving", "mlflow_serving", "sequence", "make_group"]
+__all__ = ["Proxy", "free_port", "run_args", "launch", "launch_process", "mlflow_run", "lines", "serving", "mlflow_serving", "sequence", "make_group",
+           "assert_taught"]
 
 
 # ---------------------------------------------------------------- runs
@@ -177,3 +178,14 @@ def make_group(rollouts: list[tuple[list[int], list[int], list[float]]], scores:
         "tokens": [r[0] for r in rollouts], "masks": [r[1] for r in rollouts], "inference_logprobs": [r[2] for r in rollouts],
         "scores": list(scores), "overrides": [{} for _ in rollouts], **fields,
     }
+
+
+def assert_taught(group: dict[str, Any], topk: int | None = None) -> None:
+    """A valid teacher=model group whose every trained token of every rollout has the teacher's
+    row: its logprob of the sampled token and top-K (`topk` entries when given), no pad."""
+    assert check_group(group) == [] and group["group_overrides"]["teacher"] == "model"
+    for i, masks in enumerate(group["masks"]):
+        trained = [p for p, m in enumerate(masks) if m != MASK]
+        assert trained and all(group["overrides"][i]["teacher_logprobs"][p] is not None for p in trained)
+        assert all(group["distill_token_ids"][i][p][0] != DISTILL_PAD_ID for p in trained)
+        assert topk is None or all(len(group["distill_token_ids"][i][p]) == topk for p in trained)

@@ -4,6 +4,7 @@ config starts from our defaults."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from conftest import ROOT, compose
 from opd.config import validate
+from helpers import assert_taught
 from opd.records import check_group, read_groups
 
 
@@ -37,18 +39,24 @@ def test_atroposlib_config_starts_from_our_defaults_and_reads_back_as_overrides(
     assert cfg.server.max_model_len == ours.server.max_model_len  # atroposlib's max_token_length, which defaulted to ours
 
 
+def atropos_process(tmp_path, url: str, model: str, out, overrides: list[str] = ()) -> subprocess.CompletedProcess:
+    """atroposlib's `process` command on our inline_math env: 2 groups of 2 into `out`."""
+    extra = ["--env.opd_overrides", json.dumps(list(overrides))] if overrides else []
+    return subprocess.run(
+        [sys.executable, "-m", "opd.atropos.inline_math", "process", "--env.total_steps", "2", "--env.group_size", "2",
+         "--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out), "--openai.base_url", url,
+         "--openai.model_name", model, *extra],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"},
+    )
+
+
 @pytest.mark.slow
 def test_atroposlib_process_command_writes_our_groups(tmp_path, fixture_model: str) -> None:
     from experiments.bench import scripted_server
 
     out = tmp_path / "groups.jsonl"
     with scripted_server(0.01) as url:
-        proc = subprocess.run(
-            [sys.executable, "-m", "opd.atropos.inline_math", "process", "--env.total_steps", "2", "--env.group_size", "2",
-             "--env.use_wandb", "false", "--env.data_path_to_save_groups", str(out), "--openai.base_url", url,
-             "--openai.model_name", fixture_model],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"},
-        )
+        proc = atropos_process(tmp_path, url, fixture_model, out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     groups = list(read_groups(out))
     assert len(groups) == 2
@@ -56,3 +64,23 @@ def test_atroposlib_process_command_writes_our_groups(tmp_path, fixture_model: s
         assert check_group(group) == [] and len(group["tokens"]) == 2
         assert group["inference_logprobs"] and group["overrides"][0]["reward_signals"]  # our record, not re-tokenised text
         assert group["scores"] == [-1.0, -1.0]  # the scripted answer 4 is wrong; atroposlib's process keeps equal scores
+
+
+@pytest.mark.slow
+def test_atroposlib_process_command_scores_every_sampled_token_with_a_running_teacher(tmp_path, fixture_model: str) -> None:
+    from experiments.bench import scripted_server
+
+    out = tmp_path / "groups.jsonl"
+    with scripted_server(0.01) as url:
+        # The scripted server scores prompts too: it is the teacher's running server.
+        proc = atropos_process(tmp_path, url, fixture_model, out, ["teacher=model", "teacher.server.model=fixture", f"teacher.server.base_url={url}",
+                                                                    "distill_topk=4"])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        groups = list(read_groups(out))
+        assert len(groups) == 2
+        for group in groups:
+            assert_taught(group, topk=4)
+        # Without a running teacher server the command refuses to start, naming the key.
+        refused = atropos_process(tmp_path, url, fixture_model, tmp_path / "none.jsonl", ["teacher=model", "teacher.server.model=fixture"])
+    assert refused.returncode != 0 and "teacher.server.base_url: under atroposlib's commands teacher=model scores on a running server" in refused.stderr
+    assert not (tmp_path / "none.jsonl").exists()

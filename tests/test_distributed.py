@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -21,7 +22,7 @@ import pytest
 from procs import cmdline, descendants
 
 from conftest import ROOT, compose
-from helpers import launch, launch_process, lines, mlflow_run, run_args
+from helpers import assert_taught, launch, launch_process, lines, mlflow_run, run_args
 from opd.config import ConfigError, validate
 from opd.distributed.worker import slot_share
 from opd.records import check_group, read_groups
@@ -373,6 +374,35 @@ def test_a_local_trainer_in_the_driver_sees_every_group_and_workers_record_its_v
     versions = [g["group_overrides"]["weight_version"] for g in groups]
     # Groups generated in the workers after a step carry the driver's newer version.
     assert versions[0] == 0 and max(versions) >= 1
+
+
+@pytest.mark.ray
+def test_workers_score_every_sampled_token_with_the_teacher_model_within_its_slots(tmp_path: Path, scripted_url: str, ray_address: str,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from experiments.bench.common import scripted_server
+
+    _join(monkeypatch, ray_address)
+    # A second scripted server (it answers prompt-logprob scoring too) is the teacher's running
+    # server; slow enough that scoring requests overlap, so more than 2 at once would show.
+    with scripted_server(0.3) as teacher_url:
+        _launch(tmp_path, scripted_url, 8, ["teacher=model", "teacher.server.model=fixture", f"teacher.server.base_url={teacher_url}",
+                                            "teacher.max_concurrent=2", "distill_topk=4"])
+        with urllib.request.urlopen(teacher_url.removesuffix("/v1") + "/stats", timeout=10) as response:
+            most_in_flight = json.load(response)["most_in_flight"]
+    # The two workers together held at most teacher.max_concurrent scoring requests (one each).
+    assert 1 <= most_in_flight <= 2
+    groups = _assert_one_valid_file(tmp_path / "run" / "groups.jsonl", 8)
+    for group in groups:
+        assert_taught(group, topk=4)
+    _, run = mlflow_run(tmp_path)
+    metrics = run.data.metrics
+    assert run.info.status == "FINISHED" and metrics["teacher/token_coverage"] == 1.0
+    assert metrics["summary/worker_0_groups"] > 0 and metrics["summary/worker_1_groups"] > 0
+
+
+def test_more_workers_than_teacher_slots_is_refused_naming_the_keys() -> None:
+    with pytest.raises(ConfigError, match=r"runner.workers must be <= teacher.max_concurrent \(2; each worker needs a teacher slot"):
+        validate(compose(["runner.workers=3", "teacher=model", "teacher.server.model=fixture", "teacher.max_concurrent=2"]))
 
 
 @pytest.mark.ray

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -259,7 +260,7 @@ def test_a_teacher_model_run_writes_rows_on_every_trained_token_and_the_loop_tra
                                                                                             restores_the_fixture_weights) -> None:
     """env=inline_math teacher=model with the student on the session's vLLM and the stand-in
     teacher on the second vLLM the run starts itself; trainer=local trains on the records."""
-    from helpers import launch, mlflow_run
+    from helpers import assert_taught, launch, mlflow_run
     from opd.records import read_groups
 
     launch(tmp_path, fixture_model, vllm_url, [
@@ -269,11 +270,9 @@ def test_a_teacher_model_run_writes_rows_on_every_trained_token_and_the_loop_tra
     groups = list(read_groups(tmp_path / "run" / "groups.jsonl"))
     assert len(groups) == 2
     for group in groups:
-        assert check_group(group) == [] and group["group_overrides"]["teacher"] == "model"
+        assert_taught(group)
         for i, masks in enumerate(group["masks"]):
             trained = [p for p, m in enumerate(masks) if m != MASK]
-            assert trained and all(group["overrides"][i]["teacher_logprobs"][p] is not None for p in trained)
-            assert all(group["distill_token_ids"][i][p][0] != DISTILL_PAD_ID for p in trained)
             # The stand-in teacher is not the student: its logprobs of the sampled tokens differ.
             assert any(abs(group["overrides"][i]["teacher_logprobs"][p] - group["inference_logprobs"][i][p]) > 1e-3 for p in trained)
     client, run = mlflow_run(tmp_path)
@@ -282,6 +281,47 @@ def test_a_teacher_model_run_writes_rows_on_every_trained_token_and_the_loop_tra
     (step,) = client.get_metric_history(run.info.run_id, "trainer/loss_opd_advantage")
     assert step.value != 0.0 and run.data.metrics["summary/trainer_steps"] == 1
     assert (tmp_path / "run" / "vllm_teacher" / "server.log").exists()  # the run served its teacher itself
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_teachers_own_server_is_restarted_when_it_dies_and_every_group_still_has_its_rows(tmp_path, fixture_model, vllm_url) -> None:
+    """The student on the session's vLLM, the fixture's teacher on the vLLM the run starts; that
+    server is killed (as an out-of-memory kill would) with groups still to write."""
+    import os
+    import signal
+
+    from helpers import assert_taught, launch_process, lines, mlflow_run
+    from opd.records import read_groups
+    from procs import cmdline, descendants
+
+    groups_path = tmp_path / "run" / "groups.jsonl"
+    # One group at a time, so that groups still need the teacher when it is killed.
+    proc = launch_process(tmp_path, fixture_model, vllm_url, ["env=inline_math", "teacher=model", "teacher.server.model=fixture_teacher",
+                                                              "total_steps=6", "group_size=2", "runner.groups_in_flight=1"])
+    try:
+        deadline = time.monotonic() + 400
+        while lines(groups_path) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()[-3000:]
+            time.sleep(0.05)
+        # The student's server is not the run's: the only vLLM API process under it is the teacher's.
+        victims = [p for p in descendants(proc.pid) if "vllm.entrypoints.openai.api_server" in cmdline(p) and "guard.py" not in cmdline(p)]
+        assert victims and all("teacher" in cmdline(p) for p in victims), [cmdline(p) for p in victims]
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=600) == 0, (tmp_path / "stderr.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    groups = list(read_groups(groups_path))
+    assert len(groups) == 6
+    for group in groups:
+        assert_taught(group)
+    _, run = mlflow_run(tmp_path)
+    assert run.info.status == "FINISHED" and run.data.metrics["teacher/token_coverage"] == 1.0
+    assert run.data.metrics["summary/teacher_server_restarts"] == 1 and run.data.metrics["summary/server_restarts"] == 0
+    assert "the teacher's embedded vLLM server at" in (tmp_path / "run" / "launch.log").read_text()
 
 
 def test_an_entry_point_without_the_teacher_refuses_teacher_model_rather_than_write_untaught_records(fixture_model, tokenizer) -> None:

@@ -13,7 +13,9 @@ Hydra overrides, e.g. `model=qwen3`) and gives atroposlib its values: the tokeni
 (`opd.build`), over our request pool, reading atroposlib's `--env.*`/`--openai.*` values back as
 overrides; atroposlib drives it (its file writer, its trainer API client, its equal-score filter,
 `ensure_scores_are_not_same`, which its `process` turns off). The loop is atroposlib's, with its
-limits (`../shared/notes/atroposlib.md`); `python -m experiments.launch` runs ours.
+limits (`../shared/notes/atroposlib.md`); `python -m experiments.launch` runs ours. teacher=model
+scores on a running teacher server (`teacher.server.base_url` in `env.opd_overrides`): nothing here
+starts one.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from pydantic import Field, field_validator
 
 from opd import build
-from opd.config import Config, compose, validate
+from opd.config import Config, ConfigError, compose, validate
 from opd.serving.pool import ServerPool
 from opd.tracking.traces import Tracer
 
@@ -143,7 +145,8 @@ class AtroposEntry:
         cfg = self.opd_config_for(config, servers)
         pool = AtroposPool([c for c in build.server_pool(cfg, cfg.server.model, cfg.server.base_urls).clients],
                            cfg.server.max_requests_in_flight, cfg.server.max_attempts)
-        args, kwargs = build.environment_arguments(cfg, build.load_data(cfg), config.tokenizer_name, pool, Tracer.off(), build.judge_pool(cfg))
+        args, kwargs = build.environment_arguments(cfg, build.load_data(cfg), config.tokenizer_name, pool, Tracer.off(), build.judge_pool(cfg),
+                                                   self._teacher(cfg, config.tokenizer_name))
         # atroposlib filters equal-score groups itself (`ensure_scores_are_not_same`).
         kwargs.pop("drop_equal_scores", None)
         # atroposlib's state (its config, tokenizer, loop bookkeeping), then ours over it: our
@@ -153,6 +156,20 @@ class AtroposEntry:
         self.opd_cfg = cfg
         self._metrics: dict[str, float] = {}
         logger.info("%s for atroposlib: %d server(s), model %s, overrides %s", self.opd_env, len(servers), cfg.server.model, config.opd_overrides)
+
+    @staticmethod
+    def _teacher(cfg: Config, tokenizer: str) -> Any:
+        """teacher=model's scoring over its running server (checked against the student's
+        tokenizer first); None without one. atroposlib's loop has no place to start and stop a
+        server, so the teacher must be running (teacher.server.base_url)."""
+        if cfg.teacher.kind != "model":
+            return None
+        if cfg.teacher.server.base_url is None:
+            raise ConfigError("teacher.server.base_url: under atroposlib's commands teacher=model scores on a running server: "
+                              "teacher.server.base_url=http://HOST:PORT/v1 (python -m experiments.launch also starts one itself)",
+                              "teacher.server.base_url")
+        teacher = build.teacher_preflight(cfg, tokenizer)
+        return build.teacher_model(cfg, teacher, [cfg.teacher.server.base_url], Tracer.off())
 
     async def collect_trajectories(self, item: Any) -> tuple[Any, list]:
         group, backlog = await super().collect_trajectories(item)  # type: ignore[misc]

@@ -89,7 +89,9 @@ def a_teacher_the_env_can_use(cfg: Config, at: str) -> None:
         raise ConfigError("env.opd.enabled: true judges turns for hints, but teacher=none takes none; choose teacher=self_hint, "
                           "teacher=model teacher.hint=true, or env.opd.enabled=false", "env.opd.enabled")
     if cfg.teacher.kind == "model":
-        require(cfg.runner.workers == 1, "runner.workers", "1 with teacher=model (environment workers on Ray carry no teacher yet)", cfg.runner.workers)
+        # Each environment worker gets a share of the teacher's scoring slots, as of the policy's.
+        require(cfg.teacher.max_concurrent >= cfg.runner.workers, "runner.workers",
+                f"<= teacher.max_concurrent ({cfg.teacher.max_concurrent}; each worker needs a teacher slot)", cfg.runner.workers)
         require(not cfg.teacher.hint or opd is not None, "teacher.hint", "false with this env (only opd_coding judges turns for hints)", cfg.teacher.hint)
 
 

@@ -38,6 +38,7 @@ class TeacherServerConfig:
     cpu_kv_cache_gib: int = checked(at_least(1))
     startup_timeout_s: float = checked(at_least(1))
     extra_args: list[str] = MISSING
+    max_restarts: int = checked(at_least(0))
 
 
 @dataclass

@@ -192,9 +192,10 @@ class WorkerSource:
                 **{f"summary/worker_{w.index}_groups": float(w.groups) for w in self.workers}}
 
 
-def start_workers(ray: Any, cfg: Config, data: TaskSet, model: str, base_urls: list[str]) -> list[Worker]:
-    """`runner.workers` actors on the connected cluster, each with its environment set up; waits
-    for them (`runner.ray.startup_timeout_s`) and fails naming what they asked for."""
+def start_workers(ray: Any, cfg: Config, data: TaskSet, model: str, base_urls: list[str], teacher: tuple[str, list[str]] | None = None) -> list[Worker]:
+    """`runner.workers` actors on the connected cluster, each with its environment set up (and
+    teacher=model's scoring: `teacher`, its model and URLs); waits for them
+    (`runner.ray.startup_timeout_s`) and fails naming what they asked for."""
     from ray.exceptions import GetTimeoutError
 
     from opd.distributed.worker import EnvWorker, slot_share
@@ -205,7 +206,7 @@ def start_workers(ray: Any, cfg: Config, data: TaskSet, model: str, base_urls: l
     actor = ray.remote(EnvWorker).options(num_cpus=settings.cpus_per_worker, max_restarts=settings.max_restarts, max_task_retries=0,
                                           runtime_env={"env_vars": env_vars})
     data_ref = ray.put(data)  # once in the object store; a restarted worker reads it again
-    actors = [actor.remote(cfg, data_ref, model, list(base_urls), index, count) for index in range(count)]
+    actors = [actor.remote(cfg, data_ref, model, list(base_urls), index, count, teacher) for index in range(count)]
     try:
         pids = ray.get([a.ping.remote() for a in actors], timeout=settings.startup_timeout_s)
     except GetTimeoutError:
@@ -228,15 +229,17 @@ def stop_workers(ray: Any, workers: list[Worker], timeout_s: float = 30.0) -> No
 
 
 @contextlib.contextmanager
-def environment_workers(cfg: Config, data: TaskSet, model: str, base_urls: list[str]) -> Iterator[list[Worker]]:
-    """The Ray cluster (joined or local) and `runner.workers` environment workers on it, stopped
-    at the end, also on errors."""
+def environment_workers(cfg: Config, data: TaskSet, model: str, base_urls: list[str],
+                        teacher: tuple[str, list[str]] | None = None) -> Iterator[list[Worker]]:
+    """The Ray cluster (joined or local) and `runner.workers` environment workers on it (scoring
+    with teacher=model's servers when `teacher` gives its model and URLs), stopped at the end,
+    also on errors."""
     from opd.distributed.cluster import ray_cluster
 
     if cfg.tracking.traces:
         logger.warning("tracking.traces: rollouts in Ray workers are not traced (runner.workers=%d)", cfg.runner.workers)
     with ray_cluster(cfg.runner.ray, cfg.runner.workers) as ray:
-        workers = start_workers(ray, cfg, data, model, base_urls)
+        workers = start_workers(ray, cfg, data, model, base_urls, teacher)
         try:
             yield workers
         finally:

@@ -3,7 +3,9 @@ generates the groups the driver asks for.
 
 Each worker has its own event loop (Ray's for async actors: uvloop unless `runner.uvloop=false`),
 its own sandboxes, and its share of every server's request slots (`slot_share`): the workers
-together never hold more than `server.max_requests_in_flight` requests per server. It gets the
+together never hold more than `server.max_requests_in_flight` requests per server, nor more than
+`teacher.max_concurrent` scoring requests to teacher=model's servers (which the driver started
+and watches; a worker only sends them requests). It gets the
 dataset and the config from the driver, so nothing is read again on another node. It writes
 nothing: groups go back to the driver, which checks and writes them.
 """
@@ -35,7 +37,9 @@ def slot_share(slots: int, workers: int, index: int) -> int:
 class EnvWorker:
     """The actor (created with `ray.remote(EnvWorker)`): see the module docstring."""
 
-    def __init__(self, cfg: Config, data: TaskSet, model: str, base_urls: list[str], index: int, workers: int) -> None:
+    def __init__(self, cfg: Config, data: TaskSet, model: str, base_urls: list[str], index: int, workers: int,
+                 teacher: tuple[str, list[str]] | None = None) -> None:
+        """`teacher`: teacher=model's (model directory or name, its /v1 base URLs), or None."""
         from opd import build
         from opd.tracking.traces import Tracer
 
@@ -44,7 +48,11 @@ class EnvWorker:
         cfg = copy.copy(cfg)  # not replace(): the root's checks would see a share below runner.workers
         cfg.server = replace(cfg.server, max_requests_in_flight=self.slots)
         judge = build.judge_pool(cfg)
-        self.env = build.environment(cfg, data, model, build.server_pool(cfg, model, base_urls), Tracer.off(), judge)
+        teacher_model = None
+        if teacher is not None:
+            cfg.teacher = replace(cfg.teacher, max_concurrent=slot_share(cfg.teacher.max_concurrent, workers, index))
+            teacher_model = build.teacher_model(cfg, teacher[0], teacher[1], Tracer.off())
+        self.env = build.environment(cfg, data, model, build.server_pool(cfg, model, base_urls), Tracer.off(), judge, teacher_model)
         self.ready = False
         logger.info("environment worker %d (pid %d): %s, %d request slots per server", index, os.getpid(), cfg.env.name, self.slots)
 
@@ -69,7 +77,7 @@ class EnvWorker:
     def stats(self) -> dict[str, float]:
         """What the summary adds up over workers, and this process's CPU seconds so far (the
         overhead bench's cost per rollout in the workers)."""
-        return {"request_errors": float(self.env.server.request_errors), "request_retries": float(self.env.server.retries),
+        return {"request_errors": float(self.env.request_errors), "request_retries": float(self.env.server.retries),
                 "cpu_s": time.process_time()}
 
     async def close(self) -> None:

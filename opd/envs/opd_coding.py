@@ -54,8 +54,8 @@ class OPDCodingEnv(RolloutEnv):
 
     @property
     def request_errors(self) -> int:
-        """Failed requests to the policy's servers and, with judge=server, to the judge's."""
-        return self.server.request_errors + (self.judge_pool.request_errors if self.judge_pool is not self.server else 0)
+        """Failed requests to the policy's servers, teacher=model's and, with judge=server, the judge's."""
+        return super().request_errors + (self.judge_pool.request_errors if self.judge_pool is not self.server else 0)
 
     async def setup(self) -> None:
         """Fail before generating if the server cannot return top-K = `distill_topk` rows."""

@@ -7,6 +7,9 @@ goes on. Otherwise:
   `server.max_restarts` times in a run, then the run ends with `ServerLost`;
 - running servers (server=vllm) are polled with exponential backoff until they answer again or
   `server.unreachable_timeout_s` has passed, then the run ends with `ServerLost`.
+teacher=model's servers have a watch of their own (`teacher.server.max_restarts` for its local
+server), checked after the policy's (`Watches`); a restarted teacher keeps its weights, so the
+hooks that load a trainer's weights run after the policy's restarts only.
 """
 
 from __future__ import annotations
@@ -61,11 +64,15 @@ def check_servers(urls: list[str], model: str, key: str, model_key: str, timeout
 
 
 class ServerWatch:
-    def __init__(self, urls: list[str], local: Any = None, max_restarts: int = 2, unreachable_timeout_s: float = 300.0) -> None:
+    def __init__(self, urls: list[str], local: Any = None, max_restarts: int = 2, unreachable_timeout_s: float = 300.0,
+                 name: str = "policy", restarts_key: str = "server.max_restarts") -> None:
         self.urls = list(urls)
         self.local = local
         self.max_restarts = max_restarts
         self.unreachable_timeout_s = unreachable_timeout_s
+        # Whose servers these are, in log lines and errors ("policy", "teacher"), and the config
+        # key that bounds the local server's restarts.
+        self.name, self.restarts_key = name, restarts_key
         self.restarts = 0
         self.outages = 0
         # Called after a restart: the restarted server holds the weights it was started with
@@ -92,11 +99,11 @@ class ServerWatch:
     async def _restart(self, down: list[str], cause: BaseException | None) -> None:
         if self.restarts >= self.max_restarts:
             raise ServerLost(
-                f"the embedded vLLM server at {down[0]} died again after {self.restarts} restart(s) "
-                f"(server.max_restarts={self.max_restarts}); see {self.local.log_path}"
+                f"the {self.name}'s embedded vLLM server at {down[0]} died again after {self.restarts} restart(s) "
+                f"({self.restarts_key}={self.max_restarts}); see {self.local.log_path}"
             ) from cause
         self.restarts += 1
-        logger.error("the embedded vLLM server at %s is down; restarting it (%d/%d)", down[0], self.restarts, self.max_restarts)
+        logger.error("the %s's embedded vLLM server at %s is down; restarting it (%d/%d)", self.name, down[0], self.restarts, self.max_restarts)
         await asyncio.to_thread(self.local.restart)
         for hook in self.after_restart:
             await hook()
@@ -108,13 +115,25 @@ class ServerWatch:
             waited = time.monotonic() - started
             if waited >= self.unreachable_timeout_s:
                 raise ServerLost(
-                    f"inference server(s) {', '.join(down)} unreachable for {waited:.0f} s "
+                    f"the {self.name}'s server(s) {', '.join(down)} unreachable for {waited:.0f} s "
                     f"(server.unreachable_timeout_s={self.unreachable_timeout_s:g}); is it running?"
                 )
-            logger.error("inference server(s) %s not answering /health; retrying in %.0f s", ", ".join(down), delay)
+            logger.error("the %s's server(s) %s not answering /health; retrying in %.0f s", self.name, ", ".join(down), delay)
             await asyncio.sleep(min(delay, max(0.1, self.unreachable_timeout_s - waited)))
             delay = min(delay * 2, 30.0)
             down = await self._down()
             if not down:
-                logger.warning("inference servers answer again after %.0f s", time.monotonic() - started)
+                logger.warning("the %s's servers answer again after %.0f s", self.name, time.monotonic() - started)
                 return
+
+
+class Watches:
+    """The run's watches checked in turn after a failed group: the policy's servers, then
+    teacher=model's (None: no watch of its own, e.g. a teacher on the policy's server)."""
+
+    def __init__(self, *watches: ServerWatch | None) -> None:
+        self.watches = [w for w in watches if w is not None]
+
+    async def check(self, cause: BaseException | None = None) -> None:
+        for watch in self.watches:
+            await watch.check(cause)
