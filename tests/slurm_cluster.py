@@ -64,6 +64,10 @@ def _memory_mb() -> int:
     raise RuntimeError("no MemTotal in /proc/meminfo")
 
 
+# Job states of a job that has not ended yet (squeue's long names).
+_LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"}
+
+
 @dataclass
 class SlurmCluster:
     """One node (this host, on 127.0.0.1) in one partition; `env` points clients at it."""
@@ -96,6 +100,17 @@ class SlurmCluster:
             key, _, value = word.partition("=")
             fields.setdefault(key, value)
         return fields
+
+    def ended(self, job_id: str, timeout_s: float = 90.0) -> dict[str, str]:
+        """`job(job_id)` once the job has ended (its state past RUNNING and COMPLETING). A launcher
+        sees a job's result before slurmctld records its end, so a state read at once may still
+        say RUNNING; a job that does not end within `timeout_s` is returned as it is."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            fields = self.job(job_id)
+            if fields.get("JobState") not in _LIVE_STATES or time.monotonic() > deadline:
+                return fields
+            time.sleep(0.5)
 
     def log(self, daemon: str) -> str:
         path = self.root / "log" / f"{daemon}.log"

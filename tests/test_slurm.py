@@ -137,7 +137,7 @@ def test_a_reward_weight_sweep_runs_as_slurm_jobs_and_nests_in_mlflow(slurm: Slu
         job_id = child.data.tags["slurm.job_id"]
         array_id, task = job_id.split("_")
         array_ids.add(array_id)
-        job = slurm.job(job_id)
+        job = slurm.ended(job_id)
         assert (job["JobState"], job["Partition"], job["NodeList"]) == ("COMPLETED", slurm.partition, slurm.node)
         assert child.data.tags["slurm.node"] == slurm.node
         assert child.data.tags["opd.pid"] != parent.data.tags["opd.launcher_pid"]
@@ -181,7 +181,8 @@ def test_a_job_past_its_time_limit_stops_killed_with_its_groups_kept(slurm: Slur
     assert [p.info.status for p in parents] == ["FAILED"]
     (child,) = children
     assert child.info.status == "KILLED"
-    assert slurm.job(child.data.tags["slurm.job_id"])["JobState"] == "COMPLETED"  # the job ended itself, before the limit
+    # The job ended itself, before the limit (a job the limit ends says TIMEOUT).
+    assert slurm.ended(child.data.tags["slurm.job_id"])["JobState"] == "COMPLETED"
     assert 0 < len(list(read_groups(tmp_path / "sweep" / "0" / "groups.jsonl"))) < 500
 
 
