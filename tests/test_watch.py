@@ -81,7 +81,11 @@ def test_the_teachers_watch_restarts_its_own_local_server_waits_for_a_running_on
 
     def watch(overrides: list[str], model: str):
         cfg = validate(compose(["teacher=model", f"teacher.server.model={model}", *overrides]))
-        return TeacherServer(cfg, student, resolve_model(model), tmp_path).watch()  # built, never started
+        server = TeacherServer(cfg, student, resolve_model(model), tmp_path)  # built, never started
+        try:
+            return server.watch()
+        finally:
+            server.__exit__(None, None, None)  # a local server's scratch directory goes
 
     local = watch(["teacher.server.max_restarts=3"], "fixture_teacher")
     assert local.local is not None and local.urls == [local.local.base_url] and local.local.model == teacher
