@@ -140,7 +140,7 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
         # teacher=model's own server (if it needs one) starts beside the policy's.
         teacher_server = stack.enter_context(build.TeacherServer(cfg, model, teacher_dir, out / "vllm_teacher")) if teacher_dir else None
         urls, watch = stack.enter_context(build.inference_servers(cfg, model, out / "vllm", shared=shared))
-        teacher_urls = teacher_server.urls(urls) if teacher_server and teacher_dir else []
+        teacher_urls = teacher_server.urls(urls) if teacher_server else []
         teacher = build.teacher_model(cfg, teacher_dir, teacher_urls, tracer) if teacher_urls else None
         teacher_watch = teacher_server.watch() if teacher_server else None
         env = build.environment(cfg, data, model, build.server_pool(cfg, model, urls), tracer, build.judge_pool(cfg), teacher)
