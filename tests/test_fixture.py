@@ -4,6 +4,7 @@ teacher's target: held-out problems the fixture cannot answer (real vLLM)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -32,7 +33,7 @@ def test_the_teacher_uses_the_fixtures_tokenizer_files_exactly() -> None:
     assert config["eos_token_id"] == student.eos_token_id
 
 
-@pytest.mark.parametrize("preset", ["fixture", "teacher"])
+@pytest.mark.parametrize("preset", ["fixture", "teacher", "student"])
 def test_each_committed_build_records_the_preset_that_rebuilds_it(preset: str) -> None:
     import hashlib
 
@@ -185,6 +186,31 @@ def test_one_command_builds_the_teacher_and_its_record_rebuilds_it_bit_for_bit(t
     assert rebuilt["config"] == recorded["config"]
     assert rebuilt["report"]["weights_sha256"] == recorded["report"]["weights_sha256"]
     assert (tmp_path / "b" / "model.safetensors").read_bytes() == (tmp_path / "a" / "model.safetensors").read_bytes()
+
+
+@pytest.mark.slow
+def test_a_build_stopped_early_is_the_longer_builds_own_snapshot_at_that_step(tmp_path: Path) -> None:
+    # The student preset is the teacher's build stopped early: the same trajectory (the full
+    # schedule's learning rate at each step), not a shorter schedule.
+    smoke = ["--preset", "teacher", "--scale", "0.002", "--steps", "6"]
+    fixture_build.main([*smoke, "--out", str(tmp_path / "long"), "--snapshots", "3"])
+    fixture_build.main([*smoke, "--out", str(tmp_path / "stopped"), "--stop-at", "3"])
+    fixture_build.main(["--preset", "teacher", "--scale", "0.002", "--steps", "3", "--out", str(tmp_path / "short")])
+    stopped = (tmp_path / "stopped" / "model.safetensors").read_bytes()
+    assert stopped == (tmp_path / "long" / "step_3" / "model.safetensors").read_bytes()
+    assert stopped != (tmp_path / "long" / "model.safetensors").read_bytes()
+    assert stopped != (tmp_path / "short" / "model.safetensors").read_bytes()  # a 3-step schedule is another model
+    assert json.loads((tmp_path / "stopped" / "build_config.json").read_text())["config"]["stop_at"] == 3
+    for name in fixture_build.TOKENIZER_FILES:  # a snapshot is servable as it is
+        assert (tmp_path / "long" / "step_3" / name).read_bytes() == (fixture_build.DEFAULT_DIR / name).read_bytes()
+
+
+def test_the_student_is_the_teachers_build_stopped_early() -> None:
+    student, teacher = fixture_build.PRESETS["student"], fixture_build.PRESETS["teacher"]
+    assert student.stop_at is not None and student.stop_at < teacher.steps
+    assert dataclasses.replace(student, stop_at=None) == teacher
+    for name in ("config.json", *fixture_build.TOKENIZER_FILES):
+        assert (fixture_build.STUDENT_DIR / name).read_bytes() == (fixture_build.TEACHER_DIR / name).read_bytes(), name
 
 
 def _greedy_evaluation(out: Path, model: str) -> list[dict]:
