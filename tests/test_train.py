@@ -4,6 +4,7 @@ positions and never a pad, one optimiser step on the fixture model."""
 from __future__ import annotations
 
 import copy
+import random
 import math
 
 import pytest
@@ -268,6 +269,10 @@ def test_equal_score_groups_are_dropped_unless_they_carry_the_teachers_signal(fi
     keeping = LocalTrainer(validate(compose(["trainer=local", "trainer.equal_score_groups=keep"])).trainer, fixture_model)
     metrics = keeping.step([varied, equal])
     assert metrics["trainer/equal_score_groups_dropped"] == 0 and metrics["trainer/trained_tokens"] == 20
+    # Where no weighted term reads teacher rows (arm=grpo beside a teacher), an equal-score group
+    # carrying them has nothing to teach: it would only dilute the policy gradient's token mean.
+    grpo = LocalTrainer(validate(compose(["trainer=local", "arm=grpo"])).trainer, fixture_model)
+    assert grpo.trainable([varied, equal, equal_hinted]) == ([varied], 2)
 
 
 def test_the_refresh_check_accepts_the_noise_floor_and_fails_beyond_it_naming_the_keys(tokenizer) -> None:
@@ -320,3 +325,40 @@ def test_the_probe_rounds_a_copy_of_the_weights_to_the_servers_dtype_and_leaves_
     assert 1e-4 < mean_abs([None, *rounded[1:]], exact) < 0.1
     assert all(torch.equal(before[name], t) for name, t in trainer.model.state_dict().items())  # untouched
     assert trainer.model.training  # and back in training mode
+
+
+def test_a_prompt_shared_by_a_groups_rollouts_runs_once_with_the_same_loss_and_gradients(fixture_model) -> None:
+    """trainer.shared_prefix: the group's prompt runs once, its keys and values expanded to every
+    rollout; every term, metric and gradient is the whole-sequence pass's (two groups of rollouts
+    of different lengths, so the rest is padded, with teacher rows and top-K rows)."""
+    from opd.train.trainer import LocalTrainer, micro_batches
+
+    rng = random.Random(3)
+    groups = []
+    for g in range(2):
+        prompt = [rng.randrange(1, 4000) for _ in range(60 + g)]
+        rollouts = [sequence(prompt, [rng.randrange(1, 4000) for _ in range(rng.randrange(3, 12))]) for _ in range(3)]
+        group = make_group(rollouts, [0.0, 1.0, 0.5], overrides=[], distill_token_ids=[], distill_logprobs=[], group_overrides={"item_id": str(g)})
+        for tokens, masks, _ in rollouts:
+            trained = [m != MASK for m in masks]
+            group["overrides"].append({"teacher_logprobs": [-rng.random() * 3 if t else None for t in trained]})
+            group["distill_token_ids"].append([[rng.randrange(1, 4000) for _ in range(3)] if t else [DISTILL_PAD_ID] * 3 for t in trained])
+            group["distill_logprobs"].append([sorted((-rng.random() * 4 for _ in range(3)), reverse=True) if t else [DISTILL_PAD_LOGPROB] * 3
+                                              for t in trained])
+        groups.append(group)
+    assert [(s.start, s.stop) for s in micro_batches(groups, 2)] == [(0, 2), (2, 3), (3, 5), (5, 6)]  # never across groups
+
+    def step(shared: bool) -> tuple[dict, list]:
+        cfg = validate(compose(["trainer=local", "trainer.micro_batch=2", "trainer.learning_rate=1e-30", "trainer.max_grad_norm=1e9",
+                                "trainer.loss.topk_kl=0.5", f"trainer.shared_prefix={str(shared).lower()}"])).trainer
+        trainer = LocalTrainer(cfg, fixture_model)
+        metrics = trainer.step(groups)
+        return metrics, [p.grad.clone() for p in trainer.model.parameters()]
+
+    whole, whole_grads = step(False)
+    shared, shared_grads = step(True)
+    for name in ("trainer/loss", "trainer/loss_pg", "trainer/loss_opd_advantage", "trainer/loss_topk_kl", "trainer/kl_to_sampler",
+                 "trainer/reverse_kl_to_teacher", "trainer/trained_tokens", "trainer/opd_tokens", "trainer/topk_tokens", "trainer/ratio_mean"):
+        assert shared[name] == pytest.approx(whole[name], rel=1e-4, abs=1e-6), name
+    for a, b in zip(whole_grads, shared_grads):
+        assert (a - b).abs().max().item() < 1e-4 * max(1.0, a.abs().max().item())

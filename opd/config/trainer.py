@@ -49,6 +49,7 @@ class LocalTrainerConfig(TrainerConfig):
     equal_score_groups: str = checked(one_of("drop", "keep"))
     loss: Dict[str, float] = checked(each(at_least(0)))
     micro_batch: int = checked(at_least(1))
+    shared_prefix: bool = MISSING
     max_tokens: Optional[int] = checked(at_least(2), null="all")
     max_staleness: int = checked(at_least(0))
     refresh: bool = MISSING

@@ -80,8 +80,11 @@ def sequence_fields(rows: list[TeacherRows]) -> dict[str, Any]:
 
 
 def teacher_metrics(group: dict[str, Any]) -> dict[str, float]:
-    """teacher/* of one group: trained tokens with a teacher row, and the mean teacher - sampler
-    logprob on them (the token-level OPD advantage before any clamp)."""
+    """teacher/* of one group: the share of trained tokens with a teacher row, and the per-token
+    reverse KL to the teacher on the student's own fresh samples, KL(student || teacher) estimated
+    on the sampled tokens as the mean of student_lp - teacher_lp (the k1 estimator: unbiased, since
+    the student sampled them; the quantity on-policy distillation minimises, and minus the OPD
+    advantage before any clamp)."""
     diffs: list[float] = []
     trained = 0
     for detail, lps, masks in zip(group["overrides"], group["inference_logprobs"], group["masks"]):
@@ -91,10 +94,10 @@ def teacher_metrics(group: dict[str, Any]) -> dict[str, float]:
                 continue
             trained += 1
             if t is not None:
-                diffs.append(t - s)
+                diffs.append(s - t)
     return {
         "teacher/token_coverage": len(diffs) / trained if trained else 0.0,
-        "teacher/minus_student_lp": sum(diffs) / len(diffs) if diffs else 0.0,
+        "teacher/reverse_kl": sum(diffs) / len(diffs) if diffs else 0.0,
     }
 
 

@@ -74,6 +74,9 @@ class Terms:
     topk_tokens: torch.Tensor
     # OPD advantages the clamp changed.
     opd_clamped: torch.Tensor
+    # Sum of new_lp - teacher_lp over the tokens with a teacher row: the sampled-token (k1) estimate
+    # of the reverse KL(current policy || teacher), the quantity on-policy distillation minimises.
+    reverse_kl: torch.Tensor
     # The importance ratio new/sampler over trained tokens: its sum, largest and smallest value.
     ratio_sum: torch.Tensor
     ratio_max: torch.Tensor
@@ -141,13 +144,14 @@ def terms(logits: torch.Tensor, batch: Batch, clip: float, opd_clamp: float | No
     kl = torch.where(trained, torch.exp(log_ratio) - 1 - log_ratio, torch.zeros_like(new_lp)).sum()
     opd_where, opd_adv, raw_adv = _opd_advantages(x)
     opd_clamped = ((opd_adv != raw_adv) & opd_where).sum().float()
+    reverse_kl = torch.where(opd_where, new_lp.detach() - batch.teacher_logprobs, torch.zeros_like(new_lp)).sum()
     ratio = torch.exp(log_ratio)
     clipped = (((ratio < 1 - clip) | (ratio > 1 + clip)) & trained).sum()  # as _surrogate counts them, without a second surrogate
     empty = not bool(trained.any())
     ratio_max = torch.zeros(()) if empty else ratio[trained].max()
     ratio_min = torch.zeros(()) if empty else ratio[trained].min()
     topk_where = batch.has_topk & trained
-    return Terms(losses, kl, clipped.float(), opd_where.sum().float(), topk_where.sum().float(), opd_clamped,
+    return Terms(losses, kl, clipped.float(), opd_where.sum().float(), topk_where.sum().float(), opd_clamped, reverse_kl,
                  torch.where(trained, ratio, torch.zeros_like(ratio)).sum(), ratio_max, ratio_min)
 
 

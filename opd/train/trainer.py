@@ -1,8 +1,9 @@
 """The reference trainer: PyTorch + transformers on the served model's checkpoint, in the run.
 
 `LocalTrainer.step(groups)` makes one optimiser step from whole written groups (`opd.train.batch`)
-with the weighted loss terms of `opd.train.losses`, in micro-batches of `micro_batch` sequences
-whose gradients add up to a token mean over the batch. With `equal_score_groups: drop`, a group
+with the weighted loss terms of `opd.train.losses`, in micro-batches of `micro_batch` sequences of
+one group whose gradients add up to a token mean over the batch; with `shared_prefix` the prompt a
+micro-batch's rollouts share runs once (`opd.train.prefix`). With `equal_score_groups: drop`, a group
 whose rollouts all scored the same is left out (it has no policy-gradient signal and would only
 dilute the token mean), unless it carries the hinted teacher's logprobs (opd_coding's OPD terms).
 `save(directory)` writes a HF checkpoint (weights, config, tokenizer) whose output layer is a tensor
@@ -23,20 +24,32 @@ from typing import Any
 from opd.config import LocalTrainerConfig
 from opd.train.batch import Batch, equal_scores, has_teacher_signal, make_batch
 from opd.train.losses import terms, token_logprobs, weighted_total
+from opd.train.prefix import logits_after_prefix, shared_prefix_length
+from opd.train.teacher_terms import TEACHER_TERMS
 from opd.train.untied import save_untied
 
 logger = logging.getLogger(__name__)
 
-def _rows(batch: Batch, rows: slice) -> Batch:
-    """The micro-batch of `rows`, cut to its longest sequence."""
+def _rows(batch: Batch, rows: slice, start: int = 0) -> Batch:
+    """The micro-batch of `rows`, cut to its longest sequence, from column `start` on."""
     length = int(batch.attention[rows].sum(dim=1).max())
-    cut = (rows, slice(0, length))
+    cut = (rows, slice(start, length))
     return Batch(
         batch.tokens[cut], batch.attention[cut], batch.trained[cut], batch.old_logprobs[cut], batch.advantages[rows],
         batch.teacher_logprobs[cut], batch.has_teacher[cut],
         batch.topk_ids[cut] if batch.topk_ids is not None else None, batch.topk_logprobs[cut] if batch.topk_logprobs is not None else None,
         batch.has_topk[cut],
     )
+
+
+def micro_batches(groups: list[dict[str, Any]], size: int) -> list[slice]:
+    """Row slices of at most `size` sequences, each within one group (whose rows share a prompt)."""
+    out, start = [], 0
+    for group in groups:
+        end = start + len(group["tokens"])
+        out += [slice(row, min(row + size, end)) for row in range(start, end, size)]
+        start = end
+    return out
 
 
 class LocalTrainer:
@@ -57,10 +70,13 @@ class LocalTrainer:
         self._tokenizer: Any = None
 
     def trainable(self, groups: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-        """The groups this step trains on, and how many equal-score groups were left out."""
+        """The groups this step trains on, and how many equal-score groups were left out. An
+        equal-score group with teacher rows stays when a weighted term reads them; where none does
+        (arm=grpo beside a teacher), it would only dilute the policy gradient's token mean."""
         if self.cfg.equal_score_groups == "keep":
             return groups, 0
-        kept = [g for g in groups if not equal_scores(g) or has_teacher_signal(g)]
+        taught = any(weight and name in TEACHER_TERMS for name, weight in self.cfg.loss.items())
+        kept = [g for g in groups if not equal_scores(g) or (taught and has_teacher_signal(g))]
         return kept, len(groups) - len(kept)
 
     def step(self, groups: list[dict[str, Any]]) -> dict[str, float] | None:
@@ -77,12 +93,11 @@ class LocalTrainer:
         tokens = max(1, batch.trained_tokens)
         weights = dict(cfg.loss)
         losses = {name: 0.0 for name in weights}
-        sums = {"kl_to_sampler": 0.0, "clipped": 0.0, "opd_tokens": 0.0, "topk_tokens": 0.0, "opd_clamped": 0.0, "ratio_sum": 0.0}
+        sums = {"kl_to_sampler": 0.0, "clipped": 0.0, "opd_tokens": 0.0, "topk_tokens": 0.0, "opd_clamped": 0.0, "reverse_kl": 0.0, "ratio_sum": 0.0}
         ratio_max, ratio_min = 0.0, math.inf
         self.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, batch.tokens.shape[0], cfg.micro_batch):
-            micro = _rows(batch, slice(start, start + cfg.micro_batch))
-            logits = self.model(input_ids=micro.tokens, attention_mask=micro.attention.long()).logits
+        for rows in micro_batches(groups, cfg.micro_batch):
+            micro, logits = self.forward(batch, rows)
             t = terms(logits, micro, cfg.clip, cfg.opd_clamp, names=list(weights))
             (weighted_total(weights, t.losses) / tokens).backward()
             for name, value in t.losses.items():
@@ -110,11 +125,23 @@ class LocalTrainer:
             "trainer/opd_tokens": sums["opd_tokens"],
             "trainer/topk_tokens": sums["topk_tokens"],
             "trainer/opd_clamped_fraction": sums["opd_clamped"] / max(1.0, sums["opd_tokens"]),
+            # Per token with a teacher row, at the weights before this step: the batch's reverse KL to the teacher.
+            **({"trainer/reverse_kl_to_teacher": sums["reverse_kl"] / sums["opd_tokens"]} if sums["opd_tokens"] else {}),
             "trainer/equal_score_groups_dropped": float(dropped),
             "trainer/tokens_per_s": tokens / max(seconds, 1e-9),
             "trainer/step_s": seconds,
             "trainer/steps": float(self.steps),
         }
+
+    def forward(self, batch: Batch, rows: slice) -> tuple[Batch, Any]:
+        """The micro-batch of `rows` and the current model's logits at each of its positions. With
+        `shared_prefix`, the prompt the rows share runs once and the micro-batch starts at its last
+        position (the earlier ones are never trained, nor read by a loss term)."""
+        micro = _rows(batch, rows)
+        prefix = shared_prefix_length(list(zip(micro.tokens.tolist(), micro.trained.tolist()))) if self.cfg.shared_prefix else 0
+        if prefix < 2:
+            return micro, self.model(input_ids=micro.tokens, attention_mask=micro.attention.long()).logits
+        return _rows(batch, rows, prefix - 1), logits_after_prefix(self.model, micro.tokens, micro.attention, prefix)
 
     @property
     def tokenizer(self) -> Any:
