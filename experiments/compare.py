@@ -11,6 +11,10 @@ experiment=opd_vs_grpo's) by their paired held-out gain with its interval, from 
 the jobs logged (compare_gain.csv), says whether the best point is told apart from each other on
 the same items, and plots each point's eval curve, the mean over its seeds (compare_gain.png).
 When the verdict over seeds and the paired one over items differ, it says why and what settles it.
+When the jobs evaluated their teacher (teacher=model, eval.teacher), the ranking also gives each
+point's gap to the teacher closed with its interval, and compare_gap.png / compare_gap.csv its
+curve against optimiser steps, rollouts and wall time and the steps it needed to reach each level
+(`experiments.gap`), with how many times fewer steps than the grpo arm.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from experiments import gap
 
 logger = logging.getLogger("experiments.compare")
 
@@ -47,6 +53,9 @@ class Sweep:
     ranking: list[dict[str, Any]] = field(default_factory=list)
     # The jobs' eval.confidence: the level of every interval of the ranking.
     confidence: float = 0.95
+    # Per point, the optimiser steps to reach each level of gap closed to the teacher (experiments.gap);
+    # empty unless the jobs evaluated their teacher.
+    speed: list[dict[str, Any]] = field(default_factory=list)
 
     def tie(self) -> float | None:
         """The objective every job reached, when two or more jobs all reached the same one (then
@@ -282,6 +291,8 @@ class Point:
     run_ids: list[str]
     changes: list[dict[str, float]]
     first: list[dict[str, float]]
+    # Each run's teacher evaluation per item (eval/teacher.jsonl), where it made one.
+    teacher: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -315,6 +326,8 @@ def gain_points(sweep: Sweep, client: Any, tmp: Path) -> list[Point]:
         point.run_ids.append(row["run_id"])
         point.changes.append(item_changes(*rows))
         point.first.append({r["item_id"]: a for r in rows[0] if (a := item_accuracy(r)) is not None})
+        if (ceiling := gap.teacher_items(client, row["run_id"], tmp)) is not None:
+            point.teacher.append(ceiling)
     return list(grouped.values())
 
 
@@ -329,9 +342,14 @@ def gain_ranking(points_: list[Point], confidence: float = 0.95) -> list[dict[st
     for point in points_:
         change = point.mean_change()
         stats = paired_statistics(list(change.values()), confidence)
-        first = statistics_mean([sum(f[item] for f in point.first) / len(point.first) for item in change])
+        firsts = {item: sum(f[item] for f in point.first) / len(point.first) for item in change}
+        first = statistics_mean(list(firsts.values()))
+        ceiling = {}
+        if point.teacher and len(point.teacher) == len(point.run_ids):
+            ceiling = gap.gap_columns(change, firsts, {item: sum(t.get(item, math.nan) for t in point.teacher) / len(point.teacher)
+                                                       for item in change}, stats)
         rows.append({**point.values, "seeds": len(point.run_ids), "items": len(change), **{k: stats[k] for k in GAIN_COLUMNS},
-                     "first_accuracy": first, "final_accuracy": first + stats["gain"], "_point": point})
+                     "first_accuracy": first, "final_accuracy": first + stats["gain"], **ceiling, "_point": point})
     rows.sort(key=lambda r: -r["gain"])
     return rows
 
@@ -454,6 +472,23 @@ def write_gain_curves(points_: list[Point], ranking: list[dict[str, Any]], clien
     return path
 
 
+def gap_outputs(sweep: Sweep, found: list[Point], client: Any, out_dir: Path) -> list[Path]:
+    """compare_gap.csv (per point: optimiser steps to each level of gap closed and the reverse KL
+    on fresh samples, first and last, `sweep.speed`), compare_gap.png (the gap-closed curves) and
+    compare_kl.png (the reverse-KL curves) when the jobs logged eval/gap_closed; else []."""
+    curves = {point.label: runs for point in found if (runs := [c for run_id in point.run_ids if (c := gap.run_curve(client, run_id))])}
+    if not curves:
+        return []
+    sweep.speed = gap.speed_rows(curves)
+    kl = {point.label: runs for point in found if (runs := [c for run_id in point.run_ids if (c := gap.kl_curve(client, run_id))])}
+    for row in sweep.speed:
+        row.update({k: v for r in gap.kl_rows(kl) if r["point"] == row["point"] for k, v in r.items() if k.startswith("reverse_kl")})
+    gaps = {row["_point"].label: row for row in sweep.ranking}
+    written = [write_csv(sweep.speed, out_dir / "compare_gap.csv"), gap.write_gap_curves(curves, gaps, out_dir / "compare_gap.png"),
+               gap.write_kl_curves(kl, out_dir / "compare_kl.png")]
+    return [path for path in written if path is not None]
+
+
 def _public(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows without their private (`_`) fields, for tables and CSV files."""
     return [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]
@@ -482,6 +517,7 @@ def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None =
     client = mlflow.MlflowClient(uri)
     curves = write_eval_curves(sweep, client, out_dir / "compare_eval.png")
     gain_csv = gain_png = None
+    gap_files: list[Path] = []
     if any(_number(row.get("eval_paired_gain")) is not None for row in sweep.rows):
         sweep.confidence = float(client.get_run(sweep.run_ids[0]).data.params.get("eval.confidence", 0.95))
         with tempfile.TemporaryDirectory(prefix="opd-compare-") as tmp:
@@ -490,7 +526,8 @@ def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None =
         if sweep.ranking:
             gain_csv = write_csv(_public(sweep.ranking), out_dir / "compare_gain.csv")
             gain_png = write_gain_curves(found, sweep.ranking, client, out_dir / "compare_gain.png")
-    for path in (csv_path, png_path, curves, points_path, gain_csv, gain_png):
+        gap_files = gap_outputs(sweep, found, client, out_dir)
+    for path in (csv_path, png_path, curves, points_path, gain_csv, gain_png, *gap_files):
         if path is not None:
             client.log_artifact(parent_run_id, str(path), artifact_path="compare")
     if sweep.ranked_by_its_own_reward():
@@ -524,6 +561,13 @@ def main(argv: list[str] | None = None) -> int:
         if why := verdicts_disagree(per_point, sweep.ranking, sweep.confidence):
             sys.stdout.write(why + "\n")
         sys.stdout.write(f"(compare_gain.csv; the points' eval curves in compare_gain.png, in {csv_path.parent})\n\n")
+    if sweep.speed:
+        sys.stdout.write("gap to the teacher closed, mean over seeds, and the optimiser steps its mean curve needed to reach each level:\n"
+                         + table(sweep.speed) + "\n")
+        if (baseline := gap.baseline_label([row["point"] for row in sweep.speed])) is not None:
+            sys.stdout.write("\n".join(gap.speedups(sweep.speed, baseline)) + "\n")
+        sys.stdout.write("(compare_gap.csv; the curves against optimiser steps, rollouts and wall time in compare_gap.png, the reverse KL "
+                         "to the teacher on fresh samples in compare_kl.png)\n\n")
     sys.stdout.write(f"ranked by: {sweep.objective}\ntable: {csv_path}\nplot:  {png_path}\n(logged to the parent run {sweep.parent_run_id} under compare/, with compare_eval.png when the runs evaluated)\n\n")
     sys.stdout.write(f"MLflow UI:  mlflow ui --backend-store-uri {sweep.tracking_uri}\ncompare view: {address}\n")
     return 0

@@ -21,11 +21,11 @@ logger = logging.getLogger(__name__)
 
 
 # The project's own models by the name a config gives them, and their build presets (opd/fixture/build.py).
-PROJECT_MODELS = {"fixture": "fixture", "fixture_teacher": "teacher"}
+PROJECT_MODELS = {"fixture": "fixture", "fixture_teacher": "teacher", "fixture_student": "student"}
 
 
 def resolve_model(name: str, key: str = "server.model") -> str:
-    """"fixture" / "fixture_teacher" -> the project's fixture model / its teacher's directory
+    """"fixture" / "fixture_teacher" / "fixture_student" -> the project's fixture model / its teacher's / the teacher's student's directory
     (built if missing); else `name` once it is found: a local directory, a cached hub model, or
     one the hub gives now (else a `ConfigError` naming `key`, before any server starts)."""
     if name in PROJECT_MODELS:
@@ -173,16 +173,20 @@ def inference_servers(cfg: Config, model: str, workdir: Path, shared: list[str] 
 
 
 class TeacherServer:
-    """Where teacher=model runs: its running server (teacher.server.base_url), the policy's own
-    (the same model, weights not refreshed by trainer=local), or a second local vLLM started here,
-    beside the policy's start-up (in a thread), and always stopped."""
+    """Where teacher=model runs: its running server (teacher.server.base_url), a sweep's shared
+    teacher server, the policy's own (the same model, weights not refreshed by trainer=local), or a
+    second local vLLM started here, beside the policy's start-up (in a thread), and always stopped."""
 
-    def __init__(self, cfg: Config, model: str, teacher: str, workdir: Path) -> None:
-        self.cfg, self.teacher, self.local, self.reuse = cfg, teacher, None, False
+    def __init__(self, cfg: Config, model: str, teacher: str, workdir: Path, shared: list[str] | None = None) -> None:
+        """`shared`: the URLs of a sweep's shared teacher server (opd.sweep), used as they are."""
+        self.cfg, self.teacher, self.local, self.reuse, self.shared = cfg, teacher, None, False, shared
         self.error: BaseException | None = None
         self.thread: Any = None
         settings = cfg.teacher.server
         if settings.base_url is not None:
+            return
+        if shared:
+            logger.info("using the sweep's shared teacher server %s", ", ".join(shared))
             return
         refreshed = cfg.trainer.kind == "local" and cfg.trainer.refresh
         self.reuse = Path(teacher).resolve() == Path(model).resolve() and not refreshed
@@ -211,6 +215,8 @@ class TeacherServer:
         """The teacher's /v1 base URLs (waits for a local teacher server to be healthy)."""
         if self.cfg.teacher.server.base_url is not None:
             return [self.cfg.teacher.server.base_url]
+        if self.shared:
+            return list(self.shared)
         if self.reuse:
             return list(policy_urls)
         self.thread.join()
@@ -223,8 +229,8 @@ class TeacherServer:
         teacher.server.max_restarts times, a running one waited for; None on the policy's server,
         which the policy's watch covers."""
         settings, wait = self.cfg.teacher.server, self.cfg.server.unreachable_timeout_s
-        if settings.base_url is not None:
-            return ServerWatch([settings.base_url], unreachable_timeout_s=wait, name="teacher")
+        if settings.base_url is not None or self.shared:
+            return ServerWatch(list(self.shared or [settings.base_url]), unreachable_timeout_s=wait, name="teacher")
         if self.reuse:
             return None
         return ServerWatch([self.local.base_url], local=self.local, max_restarts=settings.max_restarts, unreachable_timeout_s=wait,
@@ -240,27 +246,53 @@ class TeacherServer:
 def local_teacher_server(cfg: Config, teacher: str, workdir: Path) -> Any:
     """A LocalVLLM (not started) serving the teacher for prompt-logprob scoring only (no tool or
     reasoning parser, no chat template), with --max-logprobs = teacher.topk."""
+    from dataclasses import replace
+
     from opd.config import LocalServerConfig
     from opd.serving.local_vllm import LocalVLLM
 
     t = cfg.teacher.server
+    extra = list(t.extra_args)
+    if teacher_evaluated(cfg) and cfg.eval.seed is not None:  # the teacher's seeded evaluation, as the policy's
+        extra += whole_prefill_args(replace(cfg.server, extra_args=extra, max_model_len=t.max_model_len))
     settings = LocalServerConfig(kind="local", model=teacher, max_model_len=t.max_model_len, max_logprobs=cfg.teacher.topk,
                                  request_timeout_s=cfg.server.request_timeout_s, max_requests_in_flight=cfg.teacher.max_concurrent,
                                  max_attempts=cfg.server.max_attempts, api_key=t.api_key, unreachable_timeout_s=cfg.server.unreachable_timeout_s,
                                  dtype=t.dtype, tool_call_parser=None, reasoning_parser=None, chat_template=None,
                                  cpu_kv_cache_gib=t.cpu_kv_cache_gib, enforce_eager=True, startup_timeout_s=t.startup_timeout_s,
-                                 extra_args=list(t.extra_args), environment={}, max_restarts=0)
+                                 extra_args=extra, environment={}, max_restarts=0)
     return LocalVLLM(settings, teacher, workdir, seed=cfg.seed)
 
 
-def teacher_model(cfg: Config, teacher: str, urls: list[str], tracer: Tracer) -> Any:
-    """teacher=model's scoring over its own pool: `teacher.max_concurrent` slots over `urls`."""
-    from opd.distill.teacher_model import TeacherModel
+def teacher_pool(cfg: Config, teacher: str, urls: list[str]) -> ServerPool:
+    """The teacher's servers: `teacher.max_concurrent` slots over `urls`, apart from the policy's."""
     from opd.serving.vllm_client import VLLMClient
 
     served = cfg.teacher.server.model if cfg.teacher.server.base_url is not None and cfg.teacher.server.model not in PROJECT_MODELS else teacher
     clients = [VLLMClient(url, served, cfg.teacher.server.api_key, cfg.server.request_timeout_s) for url in urls]
-    return TeacherModel(ServerPool(clients, cfg.teacher.max_concurrent, cfg.server.max_attempts), cfg.teacher.server.model, cfg.teacher.topk, tracer)
+    return ServerPool(clients, cfg.teacher.max_concurrent, cfg.server.max_attempts)
+
+
+def teacher_model(cfg: Config, teacher: str, urls: list[str], tracer: Tracer) -> Any:
+    """teacher=model's scoring over its own pool (`teacher_pool`)."""
+    from opd.distill.teacher_model import TeacherModel
+
+    return TeacherModel(teacher_pool(cfg, teacher, urls), cfg.teacher.server.model, cfg.teacher.topk, tracer)
+
+
+def teacher_evaluated(cfg: Config) -> bool:
+    """Whether the run evaluates teacher=model's own policy once, as the ceiling of eval/gap_closed."""
+    return (cfg.teacher.kind == "model" and cfg.eval.teacher and cfg.eval.every is not None and cfg.mode != "evaluate"
+            and "evaluation" in cfg.sinks)
+
+
+def teacher_ceiling(cfg: Config, data: TaskSet, teacher: str, urls: list[str], cache_dir: Path | None) -> Any:
+    """The evaluation's ceiling (`eval.teacher`): the configured environment generating with the
+    teacher (over `teacher_pool`, no teacher of its own, no traces), its evaluation kept in
+    `cache_dir` (a sweep's directory) for the other runs that evaluate the same teacher."""
+    from opd.sinks.evaluation import Ceiling
+
+    return Ceiling(environment(cfg, data, teacher, teacher_pool(cfg, teacher, urls), Tracer.off(), untaught=True), teacher, cache_dir)
 
 
 def server_pool(cfg: Config, model: str, base_urls: list[str]) -> ServerPool:
@@ -305,9 +337,10 @@ def tracer(cfg: Config, tracker: Tracker | None) -> Tracer:
 
 
 def environment_arguments(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None,
-                          teacher: Any = None) -> tuple[tuple, dict[str, Any]]:
+                          teacher: Any = None, untaught: bool = False) -> tuple[tuple, dict[str, Any]]:
     """The configured environment's constructor arguments (args, kwargs), over `pool` (and
-    `judge`, judge=server's own pool; `teacher`, teacher=model's `TeacherModel`)."""
+    `judge`, judge=server's own pool; `teacher`, teacher=model's `TeacherModel`; `untaught`: built
+    without it on purpose, as the teacher's own policy is)."""
     from opd.agent.chat_format import ChatFormat
     from opd.envs.registry import spec_of
 
@@ -315,7 +348,7 @@ def environment_arguments(cfg: Config, data: TaskSet, model: str, pool: ServerPo
               "max_model_len": cfg.server.max_model_len, "seed": cfg.seed, "tracer": tracer, "chat_format": ChatFormat.from_config(cfg.model)}
     if teacher is not None:
         common["teacher"] = teacher
-    elif cfg.teacher.kind == "model":  # never records that quietly lack the teacher's rows
+    elif cfg.teacher.kind == "model" and not untaught:  # never records that quietly lack the teacher's rows
         raise ConfigError("teacher: teacher=model runs through python -m experiments.launch (opd.experiment serves and checks the teacher) "
                           "or atroposlib's commands with teacher.server.base_url; "
                           "this entry point does not carry one", "teacher")
@@ -329,10 +362,11 @@ def environment_class(cfg: Config) -> type[RolloutEnv]:
     return spec_of(cfg.env).environment_class()
 
 
-def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None, teacher: Any = None) -> RolloutEnv:
+def environment(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None, teacher: Any = None,
+                untaught: bool = False) -> RolloutEnv:
     """The configured environment over `pool` (and `judge`, judge=server's own pool; `teacher`,
-    teacher=model's scoring)."""
-    args, kwargs = environment_arguments(cfg, data, model, pool, tracer, judge, teacher)
+    teacher=model's scoring; `untaught`, see `environment_arguments`)."""
+    args, kwargs = environment_arguments(cfg, data, model, pool, tracer, judge, teacher, untaught)
     return environment_class(cfg)(*args, **kwargs)
 
 
@@ -343,9 +377,10 @@ def evaluator(cfg: Config, env: RolloutEnv, concurrency: int, tracker: Tracker |
     return Evaluator(env, cfg.eval, concurrency, Path(cfg.output_dir), tracker)
 
 
-def sinks(cfg: Config, env: RolloutEnv, model: str, base_urls: list[str], tracker: Tracker | None, concurrency: int) -> list[Sink]:
+def sinks(cfg: Config, env: RolloutEnv, model: str, base_urls: list[str], tracker: Tracker | None, concurrency: int,
+          ceiling: Any = None) -> list[Sink]:
     """Where groups go, in order: the JSONL file, then each sink `cfg.sinks` names that the run
-    uses (opd.sinks.registry)."""
+    uses (opd.sinks.registry); `ceiling`: the teacher's side of the evaluation (`teacher_ceiling`)."""
     from opd.sinks.registry import SinkContext, build_sinks
 
-    return build_sinks(list(cfg.sinks), SinkContext(cfg, env, model, base_urls, tracker, concurrency, Path(cfg.output_dir)))
+    return build_sinks(list(cfg.sinks), SinkContext(cfg, env, model, base_urls, tracker, concurrency, Path(cfg.output_dir), ceiling))

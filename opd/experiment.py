@@ -32,7 +32,7 @@ from opd.runner import Runner, RunnerLimits, RunStats
 from opd.serving.watch import ServerWatch, Watches
 from opd.sinks.base import Sink
 from opd.sweep.progress import SUMMARY_FILE, job_line
-from opd.sweep.state import SweepJob, run_name, shared_server_for
+from opd.sweep.state import SweepJob, run_name, shared_server_for, shared_teacher_for
 from opd.tracking.store import absolute_tracking_uri
 from opd.tracking.mlflow_run import DatasetRef, RunInfo, Tracker, open_run, previous_run_id, run_title, source_tags
 
@@ -138,7 +138,8 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
         tracer = build.tracer(cfg, tracker)
         stack.callback(tracer.flush)
         # teacher=model's own server (if it needs one) starts beside the policy's.
-        teacher_server = stack.enter_context(build.TeacherServer(cfg, model, teacher_dir, out / "vllm_teacher")) if teacher_dir else None
+        teacher_server = stack.enter_context(build.TeacherServer(cfg, model, teacher_dir, out / "vllm_teacher", shared_teacher_for(
+            job.state if job else None, cfg, teacher_dir))) if teacher_dir else None
         urls, watch = stack.enter_context(build.inference_servers(cfg, model, out / "vllm", shared=shared))
         teacher_urls = teacher_server.urls(urls) if teacher_server else []
         teacher = build.teacher_model(cfg, teacher_dir, teacher_urls, tracer) if teacher_urls else None
@@ -154,7 +155,9 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
         if cfg.mode == "evaluate":
             summary, history = run_loop(_evaluate(env, watch, build.evaluator(cfg, env, concurrency, tracker)), cfg.runner.uvloop), {}
         else:
-            sinks = build.sinks(cfg, env, model, urls, tracker, concurrency)
+            ceiling = build.teacher_ceiling(cfg, data, teacher_dir, teacher_urls, Path(job.state.sweep_dir) if job else None) \
+                if teacher_dir and build.teacher_evaluated(cfg) else None
+            sinks = build.sinks(cfg, env, model, urls, tracker, concurrency, ceiling)
             workers = None
             if cfg.runner.workers > 1:  # environment workers on Ray; the sinks stay here
                 from opd.distributed.source import environment_workers

@@ -26,10 +26,13 @@ def _final(rng: random.Random, start: list[int], rise: float) -> list[int]:
     return [max(0, min(SAMPLES, round(c + rise * (SAMPLES - c) + rng.choice([-1, 0, 0, 1])))) for c in start]
 
 
-def _log_sweep(tmp_path: Path, rises: dict[str, list[float]], failed: str | None = None) -> tuple[str, str, dict]:
+def _log_sweep(tmp_path: Path, rises: dict[str, list[float]], failed: str | None = None, teacher: list[int] | None = None) -> tuple[str, str, dict]:
     """A parent run and one child per arm and seed, as a sweep of `arm` with sweep.seeds logs them:
     three evaluations each (steps 0, 8, 16), the first the same for every job (same checkpoint,
-    same seeded samples). `failed`: an arm whose job is logged FAILED with no evaluation."""
+    same seeded samples). `failed`: an arm whose job is logged FAILED with no evaluation.
+    `teacher`: each item's correct samples of the teacher's evaluation, logged as a run with
+    eval.teacher logs it (eval/teacher.jsonl, eval/gap_closed, eval/weight_version: one optimiser
+    step per 4 groups, eval/wall_s)."""
     import mlflow
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -49,10 +52,23 @@ def _log_sweep(tmp_path: Path, rises: dict[str, list[float]], failed: str | None
             client.log_param(run, "arm", arm)
             client.log_param(run, "seed", str(seed))
             client.log_param(run, "eval.confidence", "0.95")
+            client.log_param(run, "group_size", "8")
             if arm == failed:
                 client.set_terminated(run, "FAILED")
                 continue
             evaluations = [_rows(start), _rows(_final(rng, start, rise / 2)), _rows(_final(rng, start, rise))]
+            if teacher is not None:
+                path = tmp_path / run / "teacher.jsonl"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text("".join(json.dumps(r) + "\n" for r in _rows(teacher)))
+                client.log_artifact(run, str(path), "eval")
+                gap = (sum(teacher) - sum(start)) / (ITEMS * SAMPLES)
+                for group in range(1, 17):  # the reverse KL on fresh samples falls with the arm's rise
+                    client.log_metric(run, "teacher/reverse_kl", 1.0 - rise * group / 16, step=group)
+                for step, rows in zip((0, 8, 16), evaluations):
+                    client.log_metric(run, "eval/gap_closed", (sum(r["sampled_correct"] for r in rows) - sum(start)) / (ITEMS * SAMPLES) / gap, step=step)
+                    client.log_metric(run, "eval/weight_version", step / 4, step=step)
+                    client.log_metric(run, "eval/wall_s", step * 10.0, step=step)
             for step, rows in zip((0, 8, 16), evaluations):
                 path = tmp_path / run / f"step_{step:06d}.jsonl"
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,3 +223,45 @@ def test_when_the_seeds_tell_the_arms_apart_and_the_items_do_not_the_reason_is_t
                  {"arm": "opd", "seeds": 3, "objective_mean": 0.45, "objectives": [0.35, 0.45, 0.55]},
                  {"arm": "mix", "seeds": 3, "objective_mean": 0.10, "objectives": [0.10, 0.11, 0.09]}]
     assert verdicts_disagree(per_point, ranking) == ""
+
+
+def test_with_the_teachers_evaluation_each_arm_gets_its_gap_closed_and_the_steps_it_needed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from experiments.compare import compare, main
+
+    rng = random.Random(5)
+    teacher = [rng.randint(6, 8) for _ in range(ITEMS)]
+    parent, uri, logged = _log_sweep(tmp_path, {"grpo": [0.1, 0.1], "opd": [0.6, 0.5]}, teacher=teacher)
+    sweep, *_ = compare(parent, uri, out_dir=tmp_path / "out")
+    for row in sweep.ranking:
+        start = [r["sampled_correct"] / SAMPLES for r in logged[(row["arm"], 0)][2][0]]
+        gap = sum(t / SAMPLES for t in teacher) / ITEMS - sum(start) / ITEMS
+        assert row["teacher_accuracy"] == pytest.approx(sum(teacher) / (ITEMS * SAMPLES)) and row["gap"] == pytest.approx(gap)
+        assert row["gap_closed"] == pytest.approx(row["gain"] / gap)
+        assert (row["gap_closed_low"], row["gap_closed_high"]) == pytest.approx((row["gain_low"] / gap, row["gain_high"] / gap))
+    speed = {row["point"]: row for row in sweep.speed}
+    assert set(speed) == {"arm=grpo", "arm=opd"} and all(row["seeds"] == 2 for row in speed.values())
+    assert speed["arm=opd"]["final_gap_closed"] > 0.3 > speed["arm=grpo"]["final_gap_closed"]
+    assert speed["arm=opd"]["steps_to_0.1"] != "" and speed["arm=grpo"]["steps_to_0.5"] == ""
+    # The reverse KL per window of 10 groups: one window of 16 groups, ending at group 10.
+    assert speed["arm=opd"]["reverse_kl_first"] == pytest.approx(sum(1.0 - r * g / 16 for r in (0.6, 0.5) for g in range(1, 11)) / 20)
+    for name in ("compare_gap.png", "compare_kl.png"):
+        assert (tmp_path / "out" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main([parent, "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "gap to the teacher closed" in out and "optimiser steps; arm=grpo never does in its budget" in out
+
+
+def test_steps_to_a_level_are_read_between_evaluations_and_compared_with_the_grpo_arm() -> None:
+    from experiments.gap import Curve, baseline_label, speed_rows, speedups, steps_to
+
+    fast = Curve({"eval/weight_version": [0, 10, 20]}, [0.0, 0.4, 0.6])
+    slow = Curve({"eval/weight_version": [0, 10, 20]}, [0.0, 0.05, 0.2])
+    assert steps_to(fast, 0.2) == pytest.approx(5.0) and steps_to(fast, 0.5) == pytest.approx(15.0)
+    assert steps_to(slow, 0.2) == pytest.approx(20.0) and steps_to(slow, 0.5) is None
+    assert steps_to(Curve({"eval/weight_version": [0, 10]}, [0.3, 0.1]), 0.25) == 0  # reached at the start
+    rows = speed_rows({"arm=opd": [fast], "arm=grpo": [slow, slow]}, levels=(0.2, 0.5))
+    assert rows[1] == {"point": "arm=grpo", "seeds": 2, "final_gap_closed": 0.2, "steps_to_0.2": 20.0, "steps_to_0.5": ""}
+    assert baseline_label(["arm=opd", "arm=grpo"]) == "arm=grpo" and baseline_label(["arm=grpo_like"]) is None
+    assert speedups(rows, "arm=grpo") == [
+        "arm=opd reaches gap closed 0.2 in 5 optimiser steps, arm=grpo in 20: 4x fewer steps",
+        "arm=opd reaches gap closed 0.5 in 15 optimiser steps; arm=grpo never does in its budget"]

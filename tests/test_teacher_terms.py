@@ -86,11 +86,13 @@ def test_the_experiments_arms_share_one_budget_and_differ_only_in_the_loss_weigh
 
     configs = {arm: validate(compose(["experiment=opd_vs_grpo", f"arm={arm}"])) for arm in ("grpo", "opd", "mix")}
     flat = {arm: OmegaConf.to_container(OmegaConf.structured(cfg)) for arm, cfg in configs.items()}
-    for tree in flat.values():
-        del tree["trainer"]["loss"]
+    for tree in flat.values():  # an arm is its loss and its learning rate (chosen per arm by a sweep)
+        del tree["trainer"]["loss"], tree["trainer"]["learning_rate"]
     assert flat["grpo"] == flat["opd"] == flat["mix"]
     cfg = configs["mix"]
-    assert cfg.dataset.kinds is None and cfg.trainer.kind == "local" and cfg.eval.every == cfg.trainer.batch_groups
-    assert cfg.sweep.objective == "summary/eval_paired_gain" and cfg.eval.samples_per_item > 0 and cfg.eval.seed is not None
+    # Budgeted in optimiser steps: one group per step, at least 100 of them, on all nine kinds.
+    assert cfg.dataset.kinds is None and cfg.trainer.kind == "local" and cfg.trainer.batch_groups == 1 and cfg.total_steps >= 100
+    assert cfg.server.model == "fixture_student" and cfg.teacher.server.model == "fixture_teacher" and cfg.eval.teacher
+    assert cfg.sweep.objective == "summary/gap_closed" and cfg.eval.samples_per_item > 0 and cfg.eval.seed is not None
     sweeper = compose_with_hydra(["experiment=opd_vs_grpo"], hydra=True).hydra.sweeper.params
     assert dict(sweeper) == {"arm": "grpo,opd,mix"}

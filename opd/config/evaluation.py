@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from omegaconf import MISSING
+
 from opd.config.checks import at_least, checked, within
 
 
@@ -18,3 +20,4 @@ class EvalConfig:
     max_items: Optional[int] = checked(at_least(1), null="all")
     seed: Optional[int] = checked(within(0, 2**31, "[)"), null="unseeded")
     confidence: float = checked(within(0, 1, "()"))
+    teacher: bool = MISSING

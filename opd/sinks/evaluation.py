@@ -17,12 +17,27 @@ compared on the same draws. It records:
 At the end the summary compares the last evaluation with the first, item by item
 (`paired_change`): the mean paired gain, its bootstrap confidence interval over items and a
 one-sided Wilcoxon signed-rank p-value.
+
+Each evaluation also records how far training has gone when it ran: `eval/weight_version` (the
+optimiser steps the served weights have had) and `eval/wall_s` (seconds since the first
+evaluation began). With a teacher model (`Ceiling`: the same environment generating with the
+teacher, `eval.teacher`), the teacher is evaluated once before the first evaluation, on the same
+items with the same seeded samples (`teacher_eval/*`, `<run dir>/eval/teacher.jsonl`; a sweep's
+jobs share one such evaluation, kept in the sweep's directory): the ceiling. Every evaluation after it then logs `eval/gap_closed`, the share of the student's gap to
+the teacher closed since the first evaluation, (now - first) / (teacher - first), on sampled
+accuracy where there are samples (greedy otherwise); the summary gives the final one with the
+paired gain's interval scaled by the same gap (`summary/gap_closed`, `_low`, `_high`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +49,26 @@ from opd.tracking.mlflow_run import Tracker
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Ceiling:
+    """The teacher's side of the evaluation: the environment generating with the teacher's server
+    (closed with the evaluator), and where its evaluation may be kept for other runs of the same
+    teacher, items and seeds (a sweep's directory: its jobs evaluate the same teacher; None: not kept)."""
+
+    env: RolloutEnv
+    teacher: str
+    cache_dir: Path | None = None
+
+
 class Evaluator(Sink):
-    def __init__(self, env: RolloutEnv, cfg: EvalConfig, concurrency: int, out_dir: Path, tracker: Tracker | None) -> None:
+    def __init__(self, env: RolloutEnv, cfg: EvalConfig, concurrency: int, out_dir: Path, tracker: Tracker | None,
+                 ceiling: Ceiling | None = None) -> None:
+        """`ceiling`: the teacher, evaluated once as the ceiling of `eval/gap_closed`."""
         self.env, self.cfg, self.concurrency, self.out_dir, self.tracker = env, cfg, concurrency, out_dir, tracker
+        self.ceiling = ceiling
+        # The teacher's evaluation metrics (eval/* names), once it ran.
+        self.teacher: dict[str, float] = {}
+        self.started: float | None = None
         self.first: dict[str, float] = {}
         self.last: dict[str, float] = {}
         self.first_items: list[dict[str, Any]] = []
@@ -44,29 +76,104 @@ class Evaluator(Sink):
         self.last_step = -1
         self.step = 0
 
+    @property
+    def measure(self) -> str:
+        """The accuracy that gap closed is taken on: sampled where there are samples, else greedy."""
+        return "eval/sampled_accuracy" if self.cfg.samples_per_item else "eval/accuracy"
+
+    async def _evaluate(self, env: RolloutEnv) -> EvalReport:
+        errors = env.request_errors
+        report = await env.evaluate(concurrency=self.concurrency, samples_per_item=self.cfg.samples_per_item,
+                                    sample_temperature=self.cfg.temperature, max_items=self.cfg.max_items, seed=self.cfg.seed)
+        report.metrics["eval/server_request_errors"] = float(env.request_errors - errors)
+        return report
+
+    def _write(self, report: EvalReport, name: str) -> Path:
+        path = self.out_dir / "eval" / f"{name}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(row) + "\n" for row in report.items))
+        return path
+
     async def run(self, step: int) -> EvalReport:
         """Evaluate now and record it at `step`."""
-        errors = self.env.request_errors
-        report = await self.env.evaluate(concurrency=self.concurrency, samples_per_item=self.cfg.samples_per_item,
-                                         sample_temperature=self.cfg.temperature, max_items=self.cfg.max_items, seed=self.cfg.seed)
-        report.metrics["eval/server_request_errors"] = float(self.env.request_errors - errors)
+        if self.started is None:
+            self.started = time.monotonic()
+        report = await self._evaluate(self.env)
+        report.metrics["eval/weight_version"] = float(self.env.served_weights.version)
+        report.metrics["eval/wall_s"] = time.monotonic() - self.started
         self.last, self.last_step, self.last_items = report.metrics, step, report.items
         if not self.first:
             self.first, self.first_items = report.metrics, report.items
-        path = self.out_dir / "eval" / f"step_{step:06d}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(row) + "\n" for row in report.items))
-        logger.info("evaluation at step %d: accuracy %.3f, sampled accuracy %.3f over %d items", step,
-                    report.metrics.get("eval/accuracy", 0.0), report.metrics.get("eval/sampled_accuracy", float("nan")), len(report.items))
+        if (closed := self.gap_closed(report.metrics)) is not None:
+            report.metrics["eval/gap_closed"] = closed
+        path = self._write(report, f"step_{step:06d}")
+        logger.info("evaluation at step %d: accuracy %.3f, sampled accuracy %.3f over %d items%s", step,
+                    report.metrics.get("eval/accuracy", 0.0), report.metrics.get("eval/sampled_accuracy", float("nan")), len(report.items),
+                    f", gap to the teacher closed {closed:+.3f}" if closed is not None else "")
         if self.tracker is not None:
             self.tracker.log_metrics(report.metrics, step)
             self.tracker.log_artifact(path, "eval")
             self.tracker.log_table(_columns(report.samples), f"eval/samples_step_{step:06d}.json")
         return report
 
+    def _ceiling_file(self) -> Path | None:
+        """Where the teacher's evaluation is kept for runs of the same teacher, env, items and
+        evaluation settings (None: not kept)."""
+        assert self.ceiling is not None
+        if self.ceiling.cache_dir is None:
+            return None
+        items = self.env.data.eval[: self.cfg.max_items] if self.cfg.max_items else self.env.data.eval
+        key = json.dumps({"teacher": self.ceiling.teacher, "env": self.env.name, "greedy_temperature": self.env.eval_temperature,
+                          "samples": self.cfg.samples_per_item, "temperature": self.cfg.temperature, "seed": self.cfg.seed,
+                          "items": [item.get("id") for item in items]}, sort_keys=True)
+        return self.ceiling.cache_dir / f"teacher_eval_{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+    async def run_teacher(self) -> None:
+        """Evaluate the teacher (the ceiling), once, recorded as `teacher_eval/*` at step 0; read
+        from the ceiling's cache when another run of the same sweep evaluated it."""
+        assert self.ceiling is not None
+        self.started = time.monotonic()
+        kept = self._ceiling_file()
+        if kept is not None and kept.is_file():
+            saved = json.loads(kept.read_text())
+            report = EvalReport(saved["metrics"], saved["items"], [])
+            logger.info("the teacher's evaluation is the one %s holds (the same teacher, items and seeds)", kept)
+        else:
+            report = await self._evaluate(self.ceiling.env)
+            if kept is not None:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps({"metrics": report.metrics, "items": report.items}))
+                tmp.replace(kept)
+        self.teacher = report.metrics
+        path = self._write(report, "teacher")
+        logger.info("the teacher's evaluation (the ceiling): accuracy %.3f, sampled accuracy %.3f over %d items",
+                    report.metrics.get("eval/accuracy", 0.0), report.metrics.get("eval/sampled_accuracy", float("nan")), len(report.items))
+        if self.tracker is not None:
+            self.tracker.log_metrics({"teacher_eval/" + name.removeprefix("eval/"): value for name, value in report.metrics.items()}, 0)
+            self.tracker.log_artifact(path, "eval")
+
+    def gap(self) -> float | None:
+        """teacher - student at the first evaluation, on `measure`; None without a teacher's
+        evaluation or where the teacher is not ahead (there is no gap to close)."""
+        if not self.teacher or not self.first:
+            return None
+        gap = self.teacher[self.measure] - self.first[self.measure]
+        return gap if gap > 0 else None
+
+    def gap_closed(self, metrics: dict[str, float]) -> float | None:
+        """(now - first) / (teacher - first) on `measure`; None where there is no gap."""
+        gap = self.gap()
+        return None if gap is None else (metrics[self.measure] - self.first[self.measure]) / gap
+
     async def open(self) -> None:
         if self.cfg.every is not None:
+            if self.ceiling is not None:
+                await self.run_teacher()
             await self.run(0)
+            if self.teacher and self.gap() is None:
+                logger.warning("the teacher (%s %.3f) is not ahead of the student (%.3f) at the start: eval/gap_closed is undefined in this run",
+                               self.measure, self.teacher[self.measure], self.first[self.measure])
 
     async def write(self, written: Written) -> None:
         self.step = written.step
@@ -74,8 +181,12 @@ class Evaluator(Sink):
             await self.run(written.step)
 
     async def close(self, status: str) -> None:
-        if self.cfg.every is not None and status == "FINISHED" and self.last_step != self.step:
-            await self.run(self.step)
+        try:
+            if self.cfg.every is not None and status == "FINISHED" and self.last_step != self.step:
+                await self.run(self.step)
+        finally:
+            if self.ceiling is not None:
+                await self.ceiling.env.close()
 
     def summary(self) -> dict[str, float]:
         out = {}
@@ -86,6 +197,12 @@ class Evaluator(Sink):
                 out[f"summary/final_{key}"] = self.last[name]
         if self.last_items is not self.first_items:
             out.update(paired_change(self.first_items, self.last_items, self.cfg.confidence))
+        if self.teacher:
+            out["summary/teacher_" + self.measure.split("/", 1)[1]] = self.teacher[self.measure]
+            # NaN where it is undefined (the teacher not ahead at the start, a single evaluation).
+            gap = self.gap() if "summary/eval_paired_gain" in out else None
+            for name in ("", "_low", "_high"):
+                out[f"summary/gap_closed{name}"] = out[f"summary/eval_paired_gain{name}"] / gap if gap is not None else math.nan
             logger.info("held-out paired gain from the first evaluation to the last: %+.4f per item, %.0f%% interval [%+.4f, %+.4f] "
                         "(bootstrap over %d items), one-sided Wilcoxon p = %.4g", out["summary/eval_paired_gain"], 100 * self.cfg.confidence,
                         out["summary/eval_paired_gain_low"], out["summary/eval_paired_gain_high"], out["summary/eval_paired_items"],

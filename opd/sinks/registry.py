@@ -18,13 +18,15 @@ from opd.sinks.base import Sink
 
 if TYPE_CHECKING:
     from opd.envs.base import RolloutEnv
+    from opd.sinks.evaluation import Ceiling
     from opd.tracking.mlflow_run import Tracker
 
 
 @dataclass(frozen=True)
 class SinkContext:
     """What a sink may be built from: the run's config, environment, served model and its URLs,
-    the MLflow tracker (None: not tracking), the rollouts in flight and the run's directory."""
+    the MLflow tracker (None: not tracking), the rollouts in flight, the run's directory and the
+    teacher's side of the evaluation (`Ceiling`; None: no teacher evaluated)."""
 
     cfg: Config
     env: RolloutEnv
@@ -33,6 +35,7 @@ class SinkContext:
     tracker: Tracker | None
     concurrency: int
     out_dir: Path
+    ceiling: Ceiling | None = None
 
     @property
     def groups_path(self) -> Path:
@@ -115,4 +118,4 @@ def evaluation(ctx: SinkContext) -> Sink | None:
         return None
     from opd.sinks.evaluation import Evaluator
 
-    return Evaluator(ctx.env, ctx.cfg.eval, ctx.concurrency, ctx.out_dir, ctx.tracker)
+    return Evaluator(ctx.env, ctx.cfg.eval, ctx.concurrency, ctx.out_dir, ctx.tracker, ctx.ceiling)

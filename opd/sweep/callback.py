@@ -1,4 +1,5 @@
-"""Sweeps (`-m`): one MLflow parent run per sweep, one inference server shared by its jobs.
+"""Sweeps (`-m`): one MLflow parent run per sweep, one inference server shared by its jobs (and
+one teacher server, with teacher=model).
 
 `SweepCallback` runs in the launching process. At the start of a sweep it checks the config (a bad
 one stops the sweep with one line, before any job), creates the parent run (named from what was
@@ -38,6 +39,7 @@ class SweepCallback(Callback):
     def __init__(self) -> None:
         self.state: SweepState | None = None
         self.server: Any = None
+        self.teacher_server: Any = None
         self.client: Any = None
         self.progress: Any = None
 
@@ -83,14 +85,15 @@ class SweepCallback(Callback):
         self.state = state
         if typed.tracking.enabled:
             self._open_parent(typed, state, task)
-        if typed.server.kind == "local" and typed.sweep.share_server:
+        local_teacher = typed.teacher.kind == "model" and typed.teacher.server.base_url is None
+        if (typed.server.kind == "local" or local_teacher) and typed.sweep.share_server:
             if "submitit" in launcher:
                 logger.warning("sweep.share_server: jobs on other machines cannot reach a loopback server; each job starts its own")
             elif typed.trainer.kind == "local" and "joblib" in launcher:
                 # Each job's trainer reloads the served weights: jobs at once would train each other's.
                 logger.info("sweep.share_server: jobs with trainer=local run at once here, so each starts its own server")
             else:
-                self._start_server(typed, state)
+                self._start_servers(typed, state)
         state.started = time.time()  # the jobs' clock: their ETA leaves out the shared server's start-up
         path = write_state(state)
         logger.info("sweep of %s jobs, state in %s (swept: %s)", jobs if jobs is not None else "?", path, ", ".join(state.swept) or "nothing")
@@ -157,6 +160,30 @@ class SweepCallback(Callback):
         state.server_settings = {**server_settings(typed.server), "max_logprobs": typed.server.max_logprobs}
         logger.info("shared inference server for the sweep: %s", state.server_urls[0])
 
+    def _start_servers(self, typed: Any, state: SweepState) -> None:
+        """The policy's shared server (server=local) and the teacher's (teacher=model on a local
+        server), started side by side (each is stopped by `_finish`, whichever fails)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        starts = [self._start_server] if typed.server.kind == "local" else []
+        if typed.teacher.kind == "model" and typed.teacher.server.base_url is None:
+            starts.append(self._start_teacher_server)
+        with ThreadPoolExecutor(len(starts), thread_name_prefix="sweep-server") as pool:
+            for started in [pool.submit(start, typed, state) for start in starts]:
+                started.result()
+
+    def _start_teacher_server(self, typed: Any, state: SweepState) -> None:
+        """teacher=model's server for every job: the teacher's weights never change, so jobs that
+        train the policy one after another share it as they share the policy's."""
+        from opd.build import local_teacher_server, resolve_model
+        from opd.sweep.state import teacher_server_settings
+
+        teacher = resolve_model(typed.teacher.server.model, "teacher.server.model")
+        self.teacher_server = local_teacher_server(typed, teacher, Path(state.sweep_dir) / "vllm_teacher")
+        state.teacher_urls = [self.teacher_server.start()]
+        state.teacher_settings = teacher_server_settings(typed, teacher)
+        logger.info("shared teacher server for the sweep: %s", state.teacher_urls[0])
+
     def _finish(self, completed: bool) -> None:
         """Close the parent run (FINISHED only if the sweep completed and every child finished); stop the server."""
         state, self.state = self.state, None
@@ -170,9 +197,10 @@ class SweepCallback(Callback):
             if self.client is not None and state.parent_run_id:
                 self._close_parent(state, completed)
         finally:
-            if self.server is not None:
-                self.server.stop()
-                self.server = None
+            for name in ("server", "teacher_server"):
+                if getattr(self, name) is not None:
+                    getattr(self, name).stop()
+                    setattr(self, name, None)
 
     def _close_parent(self, state: SweepState, completed: bool) -> None:
         children = self.client.search_runs(

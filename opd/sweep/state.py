@@ -1,7 +1,8 @@
 """A sweep's shared state: the small JSON file in the sweep directory that its jobs read.
 
 The launching process (`opd.sweep.callback`) writes it at the start of a sweep: the MLflow parent
-run and, when one server is shared, its URLs and the settings it was started with. Jobs read the
+run and, when one server is shared (the policy's, teacher=model's), its URLs and the settings it
+was started with. Jobs read the
 file, not the launcher's memory, so the wiring holds for jobs in other processes (joblib) or on
 other machines that share the directory (submitit).
 """
@@ -36,6 +37,10 @@ class SweepState:
     # The shared server's /v1 URLs and the settings it was started with (None: each job starts its own).
     server_urls: Optional[list[str]] = None
     server_settings: dict[str, Any] = field(default_factory=dict)
+    # teacher=model's shared server (its weights never change, so jobs that train may share it):
+    # its /v1 URLs and settings (None: each job starts its own).
+    teacher_urls: Optional[list[str]] = None
+    teacher_settings: dict[str, Any] = field(default_factory=dict)
     # Jobs in the sweep (None: the sweeper does not say), when it started (epoch seconds), and
     # whether jobs run at once here (then the launcher shows one progress display for all).
     jobs: Optional[int] = None
@@ -127,6 +132,24 @@ def shared_server_for(state: SweepState | None, server: Any) -> list[str] | None
         logger.warning("this job's server settings differ from the sweep's shared server; starting its own (%s vs %s)", mine, state.server_settings)
         return None
     return list(state.server_urls)
+
+
+def teacher_server_settings(cfg: Any, teacher: str) -> dict[str, Any]:
+    """What a job's local teacher server would be started with (the shared one must match it)."""
+    t = cfg.teacher.server
+    return {"model": teacher, "dtype": t.dtype, "max_model_len": t.max_model_len, "topk": cfg.teacher.topk,
+            "cpu_kv_cache_gib": t.cpu_kv_cache_gib, "extra_args": list(t.extra_args), "max_concurrent": cfg.teacher.max_concurrent}
+
+
+def shared_teacher_for(state: SweepState | None, cfg: Any, teacher: str) -> list[str] | None:
+    """The sweep's teacher server URLs if this job's teacher settings match them, else None."""
+    if state is None or not state.teacher_urls:
+        return None
+    mine = teacher_server_settings(cfg, teacher)
+    if mine != state.teacher_settings:
+        logger.warning("this job's teacher settings differ from the sweep's shared teacher server; starting its own (%s vs %s)", mine, state.teacher_settings)
+        return None
+    return list(state.teacher_urls)
 
 
 @dataclass(frozen=True)
