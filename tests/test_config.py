@@ -146,7 +146,9 @@ def _with_two_jails(path: str, value: object) -> object:
     ("sandbox.timeout_s", 0, "env.sandbox.timeout_s must be >= 1, got 0"),
     ("grader_sandbox.timeout_s", 0, "env.grader_sandbox.timeout_s must be >= 1, got 0"),
     ("grader_sandbox.max_open_files", 2, "env.grader_sandbox.max_open_files must be >= 8, got 2"),
-    ("grader_sandbox.uid_base", 5, "env.grader_sandbox.uid_base must be in [1000, 4294897296], got 5"),
+    ("grader_sandbox.uid_base", 5, "env.grader_sandbox.uid_base must be in [1000, 2147423647], got 5"),
+    # bwrap cannot map a uid at or above 2**31.
+    ("grader_sandbox.uid_base", 2**31 - 60_000, "env.grader_sandbox.uid_base must be in [1000, 2147423647], got 2147423648"),
     ("grader_sandbox.backend", "unshare", "env.grader_sandbox.backend=unshare was removed"),
 ])
 def test_a_schema_mounted_at_two_paths_is_named_at_the_path_of_the_bad_value(path: str, value: object, message: str) -> None:
