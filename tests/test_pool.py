@@ -177,30 +177,34 @@ def test_batched_normalisation_equals_the_row_by_row_definition() -> None:
 
 # ---- the client's decoding, against a scripted HTTP server
 
-def _serve_body(body: bytes):
-    """An aiohttp app on loopback answering every POST with `body`; returns (runner, /v1 URL)."""
+async def _serve(route: str, answer, **runner_options: float):
+    """A real HTTP server (aiohttp) on loopback answering POSTs to /v1`route` with `answer`
+    (`runner_options`: aiohttp's AppRunner's, e.g. keepalive_timeout); (its runner, its /v1 URL)."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post(f"/v1{route}", answer)
+    runner = web.AppRunner(app, **runner_options)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
+
+
+async def _serve_body(body: bytes):
+    """A server answering every POST to /v1/completions with `body`; (runner, /v1 URL)."""
     from aiohttp import web
 
     async def answer(request: web.Request) -> web.Response:
         await request.read()
         return web.Response(body=body, content_type="application/json")
 
-    async def start():
-        app = web.Application()
-        app.router.add_post("/v1/completions", answer)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        return runner, f"http://127.0.0.1:{port}/v1"
-
-    return start
+    return await _serve("/completions", answer)
 
 
 def _score_against(body: bytes, servers: list | None = None, **kwargs):
     async def main():
-        runner, url = await _serve_body(body)()
+        runner, url = await _serve_body(body)
         server = VLLMClient(url, "m", timeout_s=10)
         if servers is not None:
             servers.append(server)
@@ -292,13 +296,8 @@ def test_requests_that_failed_for_good_retries_and_cancelled_ones_are_counted_ap
         return web.json_response({"choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]} if status == 200 else {}, status=status)
 
     async def answered_after_a_retry() -> ServerPool:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", busy_once)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        pool = ServerPool([VLLMClient(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1", "m", timeout_s=10)], slots=1, backoff_s=0.01)
+        runner, url = await _serve("/chat/completions", busy_once)
+        pool = ServerPool([VLLMClient(url, "m", timeout_s=10)], slots=1, backoff_s=0.01)
         try:
             await pool.chat([{"role": "user", "content": "hi"}], n=1, max_tokens=1, temperature=0.0)
         finally:
@@ -363,13 +362,7 @@ class _ClosesIdleConnections:
             self.served += 1
             return web.json_response({"choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]})
 
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app, keepalive_timeout=self.idle_s)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
+        runner, self.url = await _serve("/chat/completions", chat, keepalive_timeout=self.idle_s)
         self._stop, self._loop = asyncio.Event(), asyncio.get_running_loop()
         self._ready.set()
         await self._stop.wait()
