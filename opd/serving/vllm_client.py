@@ -8,7 +8,9 @@
 
 One attempt per call: a failure raises `ServerRequestError` naming the URL, the status and the
 server's message, and says whether trying again may help (`retryable`). Slots and retries are the
-pool's (`opd.serving.pool`).
+pool's (`opd.serving.pool`). Bodies go through msgspec; prompt-logprob answers decode straight into
+small typed structs (at K=20 a scoring answer is ~20 entries per token, and `json` spent most of
+the OPD stage's client CPU on them).
 
 Idle connections: a pooled connection is reused for at most `keepalive_s` seconds of idleness,
 which must stay below the server's own idle timeout (vLLM closes an idle connection after 5 s,
@@ -16,9 +18,7 @@ which must stay below the server's own idle timeout (vLLM closes an idle connect
 ("Can not write request body", "Server disconnected"). The server's close can still cross the
 next request (an event loop busy when it arrives, a proxy that closes sooner): a request that fails
 so on a reused connection, before any answer came, is sent again at once on a new connection,
-without backoff, and counted in `reconnects`, not in `request_errors`. Bodies go through msgspec; prompt-logprob answers decode straight into
-small typed structs (at K=20 a scoring answer is ~20 entries per token, and `json` spent most of
-the OPD stage's client CPU on them).
+without backoff, and counted in `reconnects`, not in `request_errors`.
 """
 
 from __future__ import annotations
