@@ -257,7 +257,8 @@ def local_teacher_server(cfg: Config, teacher: str, workdir: Path) -> Any:
         extra += whole_prefill_args(replace(cfg.server, extra_args=extra, max_model_len=t.max_model_len))
     settings = LocalServerConfig(kind="local", model=teacher, max_model_len=t.max_model_len, max_logprobs=cfg.teacher.topk,
                                  request_timeout_s=cfg.server.request_timeout_s, max_requests_in_flight=cfg.teacher.max_concurrent,
-                                 max_attempts=cfg.server.max_attempts, api_key=t.api_key, unreachable_timeout_s=cfg.server.unreachable_timeout_s,
+                                 max_attempts=cfg.server.max_attempts, api_key=t.api_key, keepalive_s=t.keepalive_s,
+                                 unreachable_timeout_s=cfg.server.unreachable_timeout_s,
                                  dtype=t.dtype, tool_call_parser=None, reasoning_parser=None, chat_template=None,
                                  cpu_kv_cache_gib=t.cpu_kv_cache_gib, enforce_eager=True, startup_timeout_s=t.startup_timeout_s,
                                  extra_args=extra, environment={}, max_restarts=0)
@@ -269,7 +270,7 @@ def teacher_pool(cfg: Config, teacher: str, urls: list[str]) -> ServerPool:
     from opd.serving.vllm_client import VLLMClient
 
     served = cfg.teacher.server.model if cfg.teacher.server.base_url is not None and cfg.teacher.server.model not in PROJECT_MODELS else teacher
-    clients = [VLLMClient(url, served, cfg.teacher.server.api_key, cfg.server.request_timeout_s) for url in urls]
+    clients = [VLLMClient(url, served, cfg.teacher.server.api_key, cfg.server.request_timeout_s, cfg.teacher.server.keepalive_s) for url in urls]
     return ServerPool(clients, cfg.teacher.max_concurrent, cfg.server.max_attempts)
 
 
@@ -299,7 +300,7 @@ def server_pool(cfg: Config, model: str, base_urls: list[str]) -> ServerPool:
     """The policy's servers: `server.max_requests_in_flight` slots each, `server.max_attempts` tries."""
     from opd.serving.vllm_client import VLLMClient
 
-    clients = [VLLMClient(url, model, cfg.server.api_key, cfg.server.request_timeout_s) for url in base_urls]
+    clients = [VLLMClient(url, model, cfg.server.api_key, cfg.server.request_timeout_s, cfg.server.keepalive_s) for url in base_urls]
     return ServerPool(clients, cfg.server.max_requests_in_flight, cfg.server.max_attempts)
 
 
@@ -309,7 +310,7 @@ def judge_pool(cfg: Config) -> ServerPool | None:
         return None
     from opd.serving.vllm_client import VLLMClient
 
-    client = VLLMClient(cfg.judge.base_url, cfg.judge.model, cfg.judge.api_key, cfg.server.request_timeout_s)
+    client = VLLMClient(cfg.judge.base_url, cfg.judge.model, cfg.judge.api_key, cfg.server.request_timeout_s, cfg.judge.keepalive_s)
     return ServerPool([client], cfg.server.max_requests_in_flight, cfg.server.max_attempts)
 
 

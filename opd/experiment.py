@@ -197,8 +197,9 @@ def _accuracy(summary: dict[str, float], history: dict[str, list[float]]) -> flo
 
 
 def summary_table(cfg: Config, report: dict[str, Any]) -> str:
-    """The end of a run as its user reads it: groups, failures, reward, accuracy, time, where the
-    data, the log and the MLflow run are (every number is also in summary.json and MLflow)."""
+    """The end of a run as its user reads it: groups, failures, reward, the inference requests,
+    accuracy, time, where the data, the log and the MLflow run are (every number is also in
+    summary.json and MLflow)."""
     def number(value: Any) -> str:
         return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4g}"
 
@@ -208,6 +209,10 @@ def summary_table(cfg: Config, report: dict[str, Any]) -> str:
         rows += [("groups", f"{report['summary/groups_written']:.0f} written, {report['summary/groups_failed']:.0f} failed, "
                             f"{report['summary/groups_dropped']:.0f} dropped ({number(report.get('summary/groups_per_s'))} groups/s)"),
                  ("reward", f"{number(report.get('summary/reward_mean'))} (mean)")]
+    if "summary/server_request_errors" in report:
+        rows.append(("requests", f"{report['summary/server_request_errors']:.0f} failed for good, {report.get('summary/server_request_retries', 0):.0f} "
+                                 f"retried, {report.get('summary/server_requests_cancelled', 0):.0f} cut off by the run's end, "
+                                 f"{report.get('summary/server_reconnects', 0):.0f} sent again on a new connection"))
     rows += [("accuracy", number(report["accuracy"])),
              ("objective", f"{number(report['objective'])} ({report['objective_name']})")]
     if (out / GROUPS_FILE).exists():
@@ -267,6 +272,7 @@ def summarize(stats: RunStats, sinks: list[Sink], env: RolloutEnv, watch: Server
     """The run's `summary/*` metrics: the runner's counts, each sink's, the servers' (the
     teacher's own, when it has a watch)."""
     rewards = stats.history.get("reward/mean", [])
+    requests = env.request_counts()
     summary = {
         "summary/groups_written": float(stats.written),
         "summary/groups_failed": float(stats.failed),
@@ -276,7 +282,11 @@ def summarize(stats: RunStats, sinks: list[Sink], env: RolloutEnv, watch: Server
         "summary/groups_per_s": stats.groups_per_s,
         "summary/reward_mean": statistics.fmean(rewards) if rewards else math.nan,
         "summary/server_outages": float(watch.outages),
-        "summary/server_request_errors": float(env.request_errors),
+        # Requests that failed for good (after their retries); the other three say what else happened.
+        "summary/server_request_errors": float(requests.failed),
+        "summary/server_request_retries": float(requests.retries),
+        "summary/server_requests_cancelled": float(requests.cancelled),
+        "summary/server_reconnects": float(requests.reconnects),
         "summary/server_restarts": float(watch.restarts),
     }
     if teacher_watch is not None:

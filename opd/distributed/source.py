@@ -176,7 +176,7 @@ class WorkerSource:
         request errors and retries of the live workers' server pools, groups per worker."""
         from ray.exceptions import RayActorError
 
-        errors = retries = 0.0
+        errors = retries = cancelled = reconnects = 0.0
         for worker in self.workers:
             if worker.gone:
                 continue
@@ -186,9 +186,12 @@ class WorkerSource:
                 continue
             errors += stats["request_errors"]
             retries += stats["request_retries"]
+            cancelled += stats["requests_cancelled"]
+            reconnects += stats["reconnects"]
         return {"summary/workers": float(len(self.workers)), "summary/worker_groups_lost": float(self.groups_lost),
                 "summary/worker_restarts": float(self.restarts), "summary/workers_lost": float(sum(w.gone for w in self.workers)),
                 "summary/worker_request_errors": errors, "summary/worker_request_retries": retries,
+                "summary/worker_requests_cancelled": cancelled, "summary/worker_reconnects": reconnects,
                 **{f"summary/worker_{w.index}_groups": float(w.groups) for w in self.workers}}
 
 

@@ -77,8 +77,9 @@ class EnvWorker:
     def stats(self) -> dict[str, float]:
         """What the summary adds up over workers, and this process's CPU seconds so far (the
         overhead bench's cost per rollout in the workers)."""
-        return {"request_errors": float(self.env.request_errors), "request_retries": float(self.env.server.retries),
-                "cpu_s": time.process_time()}
+        requests = self.env.request_counts()
+        return {"request_errors": float(requests.failed), "request_retries": float(requests.retries),
+                "requests_cancelled": float(requests.cancelled), "reconnects": float(requests.reconnects), "cpu_s": time.process_time()}
 
     async def close(self) -> None:
         await self.env.close()

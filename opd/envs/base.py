@@ -33,7 +33,7 @@ from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser, chec
 from opd.data.sources import TaskSet
 from opd.distill.teacher import TeacherRows
 from opd.distill.teacher_model import TeacherModel, sequence_fields, teacher_metrics
-from opd.serving.pool import ServerPool
+from opd.serving.pool import RequestCounts, ServerPool
 from opd.serving.tokenizer import load_tokenizer
 from opd.serving.vllm_client import Generation
 from opd.serving.weights import ServedWeights
@@ -118,10 +118,18 @@ class RolloutEnv:
         # owns it): every group records the version it was generated with (`group_overrides.weight_version`).
         self.served_weights = served_weights if served_weights is not None else ServedWeights()
 
+    def request_pools(self) -> list[Any]:
+        """The pools of its inference servers: the policy's and teacher=model's."""
+        return [self.server, *([self.teacher.pool] if self.teacher is not None else [])]
+
+    def request_counts(self) -> RequestCounts:
+        """What happened to its requests so far, over `request_pools` (opd.serving.pool.RequestCounts)."""
+        return sum((pool.counts for pool in self.request_pools()), RequestCounts())
+
     @property
     def request_errors(self) -> int:
-        """Requests to the inference servers that failed so far (retried or not), the teacher's included."""
-        return self.server.request_errors + (self.teacher.request_errors if self.teacher is not None else 0)
+        """Requests to the inference servers that failed for good so far (after their retries)."""
+        return self.request_counts().failed
 
     async def teach(self, sequence: Any) -> TeacherRows | None:
         """teacher=model's rows on every sampled token of one finished rollout (None: no teacher

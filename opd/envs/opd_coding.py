@@ -52,10 +52,9 @@ class OPDCodingEnv(RolloutEnv):
         self.limits = AgentLimits(cfg.max_turns, cfg.max_tokens_per_turn, self.max_model_len)
         self.failures = FailureLog()
 
-    @property
-    def request_errors(self) -> int:
-        """Failed requests to the policy's servers, teacher=model's and, with judge=server, the judge's."""
-        return super().request_errors + (self.judge_pool.request_errors if self.judge_pool is not self.server else 0)
+    def request_pools(self) -> list[Any]:
+        """The policy's, teacher=model's and, with judge=server, the judge's."""
+        return [*super().request_pools(), *([self.judge_pool] if self.judge_pool is not self.server else [])]
 
     async def setup(self) -> None:
         """Fail before generating if the server cannot return top-K = `distill_topk` rows."""

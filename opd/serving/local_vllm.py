@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import signal
@@ -28,6 +29,18 @@ from types import TracebackType
 from opd.config import LocalServerConfig, project_path
 
 logger = logging.getLogger(__name__)
+
+
+# Seconds an idle connection is kept by a server the run starts beyond the client's keepalive_s: the
+# client closes it first however busy its event loop is (vLLM's own default, 5 s, was below the
+# client's 15 s: a request reused a connection the server had just closed, "Can not write request body").
+SERVER_KEEPALIVE_MARGIN_S = 60
+
+
+def server_keepalive_s(client_keepalive_s: float) -> int:
+    """VLLM_HTTP_TIMEOUT_KEEP_ALIVE (whole seconds) of a server whose client keeps idle connections
+    for `client_keepalive_s`."""
+    return math.ceil(client_keepalive_s) + SERVER_KEEPALIVE_MARGIN_S
 
 
 class ServerStartError(RuntimeError):
@@ -141,6 +154,9 @@ class LocalVLLM:
                 "TMPDIR": self.scratch,
                 "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1",
+                # Idle connections: the server keeps one SERVER_KEEPALIVE_MARGIN_S longer than the
+                # client reuses it (server.keepalive_s), so the client always closes it first.
+                "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": str(server_keepalive_s(self.settings.keepalive_s)),
                 **self.settings.environment,
             }
         )

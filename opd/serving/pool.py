@@ -8,6 +8,12 @@ timeout, 5xx, garbled answer) is retried up to `max_attempts` in all, with expon
 its slot released while it waits; the last failure is raised as it is (`ServerRequestError`).
 Failed requests are warned about as they happen, at most one line per `warn_every_s` seconds
 (the lines between are counted into the next one).
+
+What happened to the requests is counted apart (`RequestCounts`, the run's `summary/server_*`):
+requests that failed for good (their last attempt failed), attempts retried after a backoff,
+requests cut off by the run's own end (cancelled, or failing once the pool is closing), and
+requests a client sent again at once on a new connection because the pooled one had been closed
+by the server (`VLLMClient.reconnects`: not a failure).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import random
 import time
 from collections import deque
+from dataclasses import dataclass, fields
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from opd.latency import phase
@@ -41,6 +48,24 @@ class InferenceClient(Protocol):
     async def chat(self, messages: list[dict[str, Any]], *, n: int, max_tokens: int, temperature: float, **extra: Any) -> list[ChatReply]: ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """What happened to the requests of one or more pools (`+` adds them up)."""
+
+    # Requests that failed for good: their last attempt failed, or a failure that cannot pass.
+    failed: int = 0
+    # Failed attempts that were tried again after a backoff (a request that then succeeded is
+    # not in `failed`).
+    retries: int = 0
+    # Requests cut off by the run's own end: cancelled, or failing once the pool was closing.
+    cancelled: int = 0
+    # Requests sent again at once on a new connection, the pooled one closed by the server under it.
+    reconnects: int = 0
+
+    def __add__(self, other: "RequestCounts") -> "RequestCounts":
+        return RequestCounts(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
 
 class FailureWarnings:
@@ -75,13 +100,21 @@ class ServerPool:
         self.max_backoff_s = max_backoff_s
         self.free = [slots] * len(clients)
         self.in_use_most = 0
-        self.retries = 0
+        # See RequestCounts.
+        self.failed = self.retries = self.cancelled = 0
+        # Set by close(): a request failing from then on was cut off by the run's end.
+        self.closing = False
         self.warnings = FailureWarnings()
         self._waiting: deque[asyncio.Future[int]] = deque()
 
     @property
+    def counts(self) -> RequestCounts:
+        return RequestCounts(self.failed, self.retries, self.cancelled, sum(getattr(client, "reconnects", 0) for client in self.clients))
+
+    @property
     def request_errors(self) -> int:
-        return sum(client.request_errors for client in self.clients)
+        """Requests that failed for good (after their retries)."""
+        return self.failed
 
     @property
     def last_error(self) -> str | None:
@@ -118,6 +151,13 @@ class ServerPool:
 
     async def call(self, request: Callable[[InferenceClient], Awaitable[T]]) -> T:
         """Run `request` against a server with a free slot, retrying failures that may pass."""
+        try:
+            return await self._attempts(request)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+    async def _attempts(self, request: Callable[[InferenceClient], Awaitable[T]]) -> T:
         for attempt in range(1, self.max_attempts + 1):
             with phase("slot"):
                 index = await self._acquire()
@@ -125,7 +165,11 @@ class ServerPool:
                 with phase("request"):
                     return await request(self.clients[index])
             except ServerRequestError as err:
+                if self.closing:  # the run is ending: cut off, not failed
+                    self.cancelled += 1
+                    raise
                 if not err.retryable or attempt == self.max_attempts:
+                    self.failed += 1
                     self.warnings.failed(err, f"given up after attempt {attempt}/{self.max_attempts}")
                     raise
                 self.warnings.failed(err, f"retrying (attempt {attempt}/{self.max_attempts})")
@@ -149,5 +193,6 @@ class ServerPool:
         return await self.call(lambda client: client.chat(messages, **kwargs))
 
     async def close(self) -> None:
+        self.closing = True
         for client in self.clients:
             await client.close()

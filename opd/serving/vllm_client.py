@@ -11,6 +11,14 @@ server's message, and says whether trying again may help (`retryable`). Slots an
 pool's (`opd.serving.pool`). Bodies go through msgspec; prompt-logprob answers decode straight into
 small typed structs (at K=20 a scoring answer is ~20 entries per token, and `json` spent most of
 the OPD stage's client CPU on them).
+
+Idle connections: a pooled connection is reused for at most `keepalive_s` seconds of idleness,
+which must stay below the server's own idle timeout (vLLM closes an idle connection after 5 s,
+`VLLM_HTTP_TIMEOUT_KEEP_ALIVE`); a request written into a connection the server has closed fails
+("Can not write request body", "Server disconnected"). The server's close can still cross the
+next request (an event loop busy when it arrives, a proxy that closes sooner): a request that fails
+so on a reused connection, before any answer came, is sent again at once on a new connection,
+without backoff, and counted in `reconnects`, not in `request_errors`.
 """
 
 from __future__ import annotations
@@ -112,6 +120,20 @@ class _ChatAnswer(msgspec.Struct):
 
 
 _JSON = {"Content-Type": "application/json"}
+# How a request fails when the connection it was written into had been closed by the server
+# (not ClientConnectorError, a ClientOSError too: a connection that could not be made).
+_CLOSED_UNDER_IT = (aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError, aiohttp.ClientOSError)
+
+
+async def _on_reuse(session: aiohttp.ClientSession, context: Any, params: Any) -> None:
+    """Note on the request's own context that it went out on a pooled connection."""
+    if isinstance(context.trace_request_ctx, dict):
+        context.trace_request_ctx["reused"] = True
+
+
+_REUSE = aiohttp.TraceConfig()
+_REUSE.on_connection_reuseconn.append(_on_reuse)
+_REUSE.freeze()
 
 
 def _decode(body: bytes, into: Any = None) -> Any:
@@ -161,7 +183,7 @@ def normalise_topk_rows(tokens: list[int], rows: list[dict[Any, Any] | None], k:
 class VLLMClient:
     """One vLLM server's `/v1` routes; see the module docstring."""
 
-    def __init__(self, base_url: str, model: str, api_key: str = "opd-local", timeout_s: float = 120.0) -> None:
+    def __init__(self, base_url: str, model: str, api_key: str = "opd-local", timeout_s: float = 120.0, keepalive_s: float = 3.0) -> None:
         base = (base_url or "").rstrip("/")
         if not base:
             raise ValueError("VLLMClient needs a base_url such as http://127.0.0.1:8000/v1")
@@ -169,29 +191,37 @@ class VLLMClient:
         self.model = model
         self.api_key = api_key
         self.timeout_s = timeout_s
+        # Seconds an idle pooled connection is reused for (below the server's idle timeout).
+        self.keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
+        # Requests sent again on a new connection after a pooled one had been closed by the server.
+        self._fresh: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
         # Requests that failed (HTTP error, timeout, connection, malformed answer), and the last one's message.
         self.request_errors = 0
         self.last_error: str | None = None
+        # Requests sent again at once on a new connection: the pooled one had been closed by the server.
+        self.reconnects = 0
 
-    def _client(self) -> aiohttp.ClientSession:
-        # A session belongs to one event loop; a new loop (another asyncio.run) gets a new one.
-        if self._session is not None and self._session_loop is not asyncio.get_running_loop():
-            self._session = None
+    def _sessions(self) -> tuple[aiohttp.ClientSession, aiohttp.ClientSession]:
+        """(the pooled session, the one whose every request opens a connection of its own)."""
+        # A session belongs to one event loop; a new loop (another asyncio.run) gets new ones.
+        if self._session_loop is not asyncio.get_running_loop():
+            self._session = self._fresh = None
+        self._session_loop = asyncio.get_running_loop()
+        timeout, headers = aiohttp.ClientTimeout(total=self.timeout_s), {"Authorization": f"Bearer {self.api_key}"}
         if self._session is None or self._session.closed:
-            self._session_loop = asyncio.get_running_loop()
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                connector=aiohttp.TCPConnector(limit=0),
-                headers={"Authorization": f"Bearer {self.api_key}"},
-            )
-        return self._session
+            self._session = aiohttp.ClientSession(timeout=timeout, headers=headers, trace_configs=[_REUSE],
+                                                  connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=self.keepalive_s))
+        if self._fresh is None or self._fresh.closed:
+            self._fresh = aiohttp.ClientSession(timeout=timeout, headers=headers, connector=aiohttp.TCPConnector(limit=0, force_close=True))
+        return self._session, self._fresh
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
 
     def _failed(self, error: ServerRequestError) -> ServerRequestError:
         """Count `error` (and keep its message) before it is raised."""
@@ -200,14 +230,21 @@ class VLLMClient:
         return error
 
     async def _post(self, route: str, payload: dict[str, Any], into: Any) -> Any:
-        """POST `payload`; the answer decoded into the msgspec type `into`."""
+        """POST `payload`; the answer decoded into the msgspec type `into`. Sent again at once on a
+        new connection when the pooled one it went out on had been closed by the server."""
         url = f"{self.base_url}{route}"
+        body = msgspec.json.encode(payload)
+        pooled, fresh = self._sessions()
         try:
-            async with self._client().post(url, data=msgspec.json.encode(payload), headers=_JSON) as response:
-                if response.status != 200:
-                    body = (await response.text())[:500]
-                    raise ServerRequestError(f"POST {url} answered HTTP {response.status}: {body}", response.status)
-                raw = await response.read()
+            sent: dict[str, bool] = {"reused": False}
+            try:
+                raw = await self._send(pooled, url, body, sent)
+            except _CLOSED_UNDER_IT as err:
+                if not sent["reused"] or isinstance(err, aiohttp.ClientConnectorError):
+                    raise
+                self.reconnects += 1
+                logger.debug("POST %s: the pooled connection had been closed by the server (%s: %s); sent again on a new one", url, type(err).__name__, err)
+                raw = await self._send(fresh, url, body, None)
         except asyncio.TimeoutError:
             raise self._failed(ServerRequestError(f"POST {url} timed out after {self.timeout_s:g} s")) from None
         except aiohttp.ClientError as err:
@@ -220,6 +257,15 @@ class VLLMClient:
             raise self._failed(ServerRequestError(f"POST {url} returned an unexpected answer: {err}; {raw[:200]!r}")) from None
         except ValueError as err:
             raise self._failed(ServerRequestError(f"POST {url} answered with a body that is not JSON: {err}; {raw[:200]!r}")) from None
+
+    @staticmethod
+    async def _send(session: aiohttp.ClientSession, url: str, body: bytes, context: dict[str, bool] | None) -> bytes:
+        """One POST of `body`; its answer's bytes (a status other than 200 raises)."""
+        async with session.post(url, data=body, headers=_JSON, trace_request_ctx=context) as response:
+            if response.status != 200:
+                text = (await response.text())[:500]
+                raise ServerRequestError(f"POST {url} answered HTTP {response.status}: {text}", response.status)
+            return await response.read()
 
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float, top_p: float | None = None,
                        top_k: int | None = None, min_p: float | None = None, stop: list[str] | None = None, n: int = 1,

@@ -112,8 +112,8 @@ class TrainerSink(Sink):
                         "trainer/server_request_errors": float(self.env.request_errors)})
         self.history.append(metrics)
         if self.env.request_errors > self.request_errors:
-            logger.warning("%d requests to the inference servers failed since the last trainer step (%d in all, retried where they could "
-                           "pass; trainer/server_request_errors); the last: %s", self.env.request_errors - self.request_errors, self.env.request_errors,
+            logger.warning("%d requests to the inference servers failed for good, after their retries, since the last trainer step (%d in "
+                           "all; trainer/server_request_errors); the last: %s", self.env.request_errors - self.request_errors, self.env.request_errors,
                            self.env.server.last_error)
             self.request_errors = self.env.request_errors
         logger.info("trainer step %d on %d groups: loss %.4f, KL to sampler %.4f, ratio max %.2f, %.1f s, refresh %.2f s, served vs trained %.4f nats",

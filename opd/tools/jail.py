@@ -8,6 +8,11 @@ and the system's libraries read-only, the call's directory and a private /tmp an
 writable places, its own /proc, no network, no new user namespaces, a new session, and it dies with
 its parent. Where the launcher may create control groups, the chain starts inside one with a memory
 and a process limit for all the call's processes together (`opd.tools.cgroups`).
+
+With a leased uid (a root launcher), the jail's leader is `unshare`, which forks the rest of the
+chain as the first process of a PID namespace of its own and reaps it (`_reaped_namespace`): the
+leader exits only once every process of the call has exited and been reaped, so the call ends as
+soon as its processes are gone, whatever its exit status, and leaves no zombie of its uid behind.
 """
 
 from __future__ import annotations
@@ -97,6 +102,44 @@ def _limits(limits: SandboxConfig, uid: int | None) -> list[str]:
     return [*args, "--"]
 
 
+def _reaped_namespace(uid: int | None) -> list[str]:
+    """With a leased uid: the rest of the chain forked by `unshare` as the first process of a new PID
+    namespace, and reaped by it (the jail's leader, root).
+
+    bwrap's monitor (the first process of the jail, as the uid) exits as soon as the jailed program
+    has, while its init (pid 1 of bwrap's own namespace) is still tearing the jail down; that init
+    was then orphaned to the machine's pid 1, which reaped it when it got round to it (~2 s here),
+    and until then the zombie held one of the uid's RLIMIT_NPROC slots. Here the monitor is itself
+    the first process of a namespace: when it exits the kernel kills every process of that namespace
+    (bwrap's nests inside it: all of the call's processes, whatever they forked, wherever their
+    session) and waits until each has been reaped before the monitor can be; only then does
+    `unshare` reap it and exit. So the leader's exit means nothing of the call is left, zombies
+    included, and nothing is polled. `setpriv --pdeathsig` ties `unshare` to the launcher (the
+    monitor is tied to `unshare` by bwrap's --die-with-parent), `--kill-child` its child to it until
+    bwrap has started."""
+    if uid is None or not reaped_namespaces():
+        return []
+    setpriv, unshare = shutil.which("setpriv") or "setpriv", shutil.which("unshare") or "unshare"
+    return [setpriv, "--pdeathsig", "KILL", "--", unshare, "--pid", "--fork", "--kill-child", "--"]
+
+
+@lru_cache(maxsize=1)
+def reaped_namespaces() -> bool:
+    """Can this (root) launcher give each jail a PID namespace of its own (`_reaped_namespace`)? It
+    needs CAP_SYS_ADMIN, which a root launcher in a container may lack: then a warning, and a failed
+    call waits for its uid's processes instead (`opd.tools.reaping.stop`)."""
+    try:
+        done = subprocess.run([shutil.which("unshare") or "unshare", "--pid", "--fork", "--kill-child", "--", "true"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        done = subprocess.CompletedProcess([], -1, "", str(err))
+    if done.returncode != 0:
+        logger.warning("jailed calls get no PID namespace of their own to be reaped in (unshare --pid: %s); each call then waits "
+                       "until its uid's processes are gone, which is slow where the machine's pid 1 reaps late",
+                       done.stderr.strip()[:300] or f"exit {done.returncode}")
+    return done.returncode == 0
+
+
 def _drop_to(uid: int | None) -> list[str]:
     """setpriv: become the leased uid, with no supplementary groups and no way to gain privileges."""
     if uid is None:
@@ -155,9 +198,10 @@ def check_backend(backend: str) -> None:
 
 def jail_command(argv: list[str], area: CallArea, limits: SandboxConfig, uid: int | None, read_only: tuple[str, ...] = ()) -> list[str]:
     """The command that runs `argv` in `area`, jailed as `uid`, under `limits`; `read_only`
-    paths are also visible. Each program execs the next: prlimit sets the limits, setpriv drops to
-    the uid, bwrap then makes its namespaces as that uid."""
-    return [*_limits(limits, uid), *_drop_to(uid), *_bwrap(limits, area, argv, read_only)]
+    paths are also visible. Each program execs the next: prlimit sets the limits, (with a uid)
+    unshare forks the rest in a PID namespace of its own and reaps it, setpriv drops to the uid,
+    bwrap then makes its namespaces as that uid."""
+    return [*_limits(limits, uid), *_reaped_namespace(uid), *_drop_to(uid), *_bwrap(limits, area, argv, read_only)]
 
 
 # The jailed program's whole environment (with HOME and PATH).
@@ -170,10 +214,12 @@ ENVIRONMENT = {"TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
 class Jail:
     """A started jail: the leader of its chain (a process group of its own) and the control group
     it runs in (None where the launcher may not create one). It owns that group: `opd.tools.reaping.stop`
-    kills the jail, reaps it and removes the group."""
+    kills the jail, reaps it and removes the group. `reaps_all`: the leader is `unshare`, which exits
+    only once every process of the call has been reaped (`_reaped_namespace`)."""
 
     proc: subprocess.Popen
     group: cgroups.CallGroup | None
+    reaps_all: bool = False
 
 
 def spawn(argv: list[str], area: CallArea, limits: SandboxConfig, uid: int | None, stdout: Any, stderr: Any,
@@ -183,7 +229,9 @@ def spawn(argv: list[str], area: CallArea, limits: SandboxConfig, uid: int | Non
     the event loop ~30 ms per call)."""
     check_backend(limits.backend)
     env = {**ENVIRONMENT, "HOME": str(area.work), "PATH": f"{BIN_DIR}:/usr/local/bin:/usr/bin:/bin"}
-    group = cgroups.create(limits.memory_mb, limits.max_processes)
+    reaps_all = uid is not None and reaped_namespaces()
+    # The leader `unshare` (root, not the uid's) is in the group too: the call keeps its max_processes.
+    group = cgroups.create(limits.memory_mb, limits.max_processes + int(reaps_all))
     command = [*(group.join_command() if group else []), *jail_command(argv, area, limits, uid, read_only)]
     try:
         proc = subprocess.Popen(command, cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, close_fds=True,
@@ -192,4 +240,4 @@ def spawn(argv: list[str], area: CallArea, limits: SandboxConfig, uid: int | Non
         if group is not None:
             group.remove()
         raise
-    return Jail(proc, group)
+    return Jail(proc, group, reaps_all)

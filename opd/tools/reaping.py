@@ -1,6 +1,8 @@
-"""Ending a jail and waiting for what it left: its process group killed while its leader is an
-unreaped child (nothing else can hold its pid or group then), the leader reaped, the uid's
-processes waited for, the control group removed. Only `stop` reaps a jail's leader.
+"""Ending a jail: a running one killed while its leader is an unreaped child (nothing else can hold
+its pid or group then), the leader reaped, the control group removed. Only `stop` reaps a jail's
+leader. With a root launcher the leader exits only once every process of the call has been reaped
+(`opd.tools.jail._reaped_namespace`): a call ends as soon as its processes are gone, and nothing
+is polled. Elsewhere the uid's processes are waited for (`wait_until_gone`).
 """
 
 from __future__ import annotations
@@ -43,23 +45,83 @@ def _wait_unreaped(pid: int) -> None:
 
 
 async def stop(jail: Jail, uid: int | None = None) -> int:
-    """Kill a jail, reap it and return its exit status: its processes die with it (PID namespace,
-    die-with-parent); the group kill also ends the chain before the jail exists. With `uid`, also
-    wait (up to 5 s) until no process of that uid runs: the uid's next call counts them against
-    its process limit, and a fork bomb's thousand children take a moment to go. Then the jail's
-    control group is removed."""
+    """Kill a jail if it still runs (`_kill`), reap its leader and return its exit status, then
+    remove its control group. With `reaps_all` (a root launcher: `opd.tools.jail._reaped_namespace`)
+    the leader has exited only once every process of the call has been reaped, so nothing is
+    waited for beyond it. Otherwise, with `uid`, also wait (up to 5 s) until no process of that uid
+    runs (`wait_until_gone`): the uid's next call counts them against its process limit."""
     proc = jail.proc
+    whole_call_reaped = jail.reaps_all
     if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        if not _has_exited(proc.pid):
+            whole_call_reaped = await asyncio.to_thread(_kill, jail) and whole_call_reaped
         await exited(proc)
         proc.wait()  # it has exited: returns at once
-    if uid is not None:
+    if uid is not None and not whole_call_reaped:
         await wait_until_gone(uid)
     if jail.group is not None:
         group, jail.group = jail.group, None
         await asyncio.to_thread(group.remove)
     return proc.returncode
+
+
+def _has_exited(pid: int) -> bool:
+    """Has child `pid` exited (it stays unreaped)?"""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _kill(jail: Jail) -> bool:
+    """SIGKILL a running jail, its leader still unreaped (nothing else can hold its pid or group).
+    With `reaps_all`: only the leader's child, the first process of the call's PID namespace; its
+    end kills the namespace and the leader, alive, reaps it and exits (True). Killing the leader
+    too would orphan that process to the machine's pid 1. When the leader has no child (not forked
+    yet, or already reaped) or the jail has no namespace: the leader's process group, which also
+    ends the chain before the jail exists (False: a child forked meanwhile may be left to pid 1)."""
+    if jail.reaps_all:
+        child = _child_of(jail.proc.pid)
+        if child is not None:
+            try:
+                signal.pidfd_send_signal(child, signal.SIGKILL)
+            except ProcessLookupError:  # exited meanwhile: the leader reaps it all the same
+                pass
+            finally:
+                os.close(child)
+            return True
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(jail.proc.pid, signal.SIGKILL)
+    return False
+
+
+def _child_of(parent: int) -> int | None:
+    """A pidfd of the one child of `parent`, an unreaped child of ours that forks once (`unshare`),
+    or None when it has none. A pid read from /proc may be reused before it is signalled (the
+    machine's pids wrap around): the pidfd is opened first and the process behind the pid checked
+    after, so a pid taken meanwhile by any other process is never signalled."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and _parent_of(int(entry.name)) == parent:
+            pid = int(entry.name)
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:  # exited and reaped meanwhile
+                return None
+            if _parent_of(pid) == parent:  # the same process: `parent` forks no other and its pid is held
+                return fd
+            os.close(fd)
+            return None
+    return None
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of `pid` (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2:].split()[1])
 
 
 async def wait_until_gone(uid: int, timeout_s: float = 5.0) -> None:

@@ -8,8 +8,9 @@ A call, in the order it happens (one module per step):
   and the result says which place is full;
 - the jail itself: bubblewrap under `prlimit` and `setpriv`, in a control group where the launcher
   may create one (`opd.tools.jail`; `opd.tools.cgroups`);
-- a wall-clock timeout, after which the jail is killed and reaped, and with it every process
-  inside (`opd.tools.reaping`);
+- the call ends as soon as its processes are gone, whatever its exit status (as root, the jail's
+  leader exits only once every process of the call has been reaped); at a wall-clock timeout the
+  jail is killed and reaped, and with it every process inside (`opd.tools.reaping`);
 - its output captured to files outside the jail, cut to `output_chars`, and in words which limit
   stopped it (CPU seconds, memory, file size, wall clock, a signal) (`opd.tools.capture`).
 
@@ -32,7 +33,7 @@ from opd.tools import tmpfs
 from opd.tools.call_dirs import CallDirs, jail_dirs, launcher_dirs
 from opd.tools.capture import read_cut, stopped_by
 from opd.tools.jail import CallArea, interpreter, spawn
-from opd.tools.reaping import exited, stop, wait_until_gone
+from opd.tools.reaping import exited, stop
 from opd.tools.uids import UidLease
 
 # Executed by the child: runs the snippet and prints the value of a trailing expression, as a REPL
@@ -87,9 +88,7 @@ async def run_jailed(argv: list[str], area: CallArea, limits: SandboxConfig, uid
         except asyncio.TimeoutError:
             timed_out = True
         finally:
-            code = await stop(jail)
-            if uid is not None and code != 0:  # after a clean exit nothing of the uid is left to wait for
-                await wait_until_gone(uid)
+            code = await stop(jail, uid)  # every process of the call is gone when it returns
         stdout = read_cut(capture / "out", limits.output_chars)
         stderr = read_cut(capture / "err", limits.output_chars)
     finally:

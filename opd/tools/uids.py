@@ -74,10 +74,20 @@ def _lock_dir() -> Path:
 class UidLease:
     """One uid for one workspace or call: held through an exclusive lock on a file per uid, so two
     leases never share a uid, in this process or any other on the machine (a process that dies
-    releases its locks). None as `uid` means the launcher is not root: calls keep its uid."""
+    releases its locks, and its uid is taken again). None as `uid` means the launcher is not root:
+    calls keep its uid.
 
-    def __init__(self, uid: int | None, fd: int | None) -> None:
-        self.uid, self._fd = uid, fd
+    The lock files do not pile up (one per uid ever leased, up to `UID_COUNT`): a lease removes its
+    file when it is released, while it still holds the lock. A lease is held only by whoever locks
+    the file that is linked under the uid's name at that moment: a taker that locks a file someone
+    removed meanwhile (it opened the name just before the removal) finds another file, or none,
+    under that name and tries the next uid. A file is only ever removed by its lock's holder, so
+    once a taker has checked the name after locking, the name stays its own until it releases it.
+    A holder that died leaves its file behind, unlocked: the next taker of that uid locks and keeps
+    it, and removes it in turn."""
+
+    def __init__(self, uid: int | None, fd: int | None, path: Path | None = None) -> None:
+        self.uid, self._fd, self._path = uid, fd, path
 
     @classmethod
     def take(cls, base: int) -> "UidLease":
@@ -87,16 +97,36 @@ class UidLease:
         start = random.randrange(UID_COUNT)
         for step in range(UID_COUNT):
             uid = base + (start + step) % UID_COUNT
-            fd = os.open(lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            path = lock_dir / str(uid)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
                 continue
-            return cls(uid, fd)
+            if not _still_linked(fd, path):  # its holder removed it as it released it: not a lease
+                os.close(fd)
+                continue
+            return cls(uid, fd, path)
         raise SandboxUnavailable(f"all {UID_COUNT} sandbox uids from {base} are leased")
 
     def release(self) -> None:
+        """Free the uid: its lock file removed while still locked, then unlocked."""
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            try:
+                if self._path is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self._path)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+
+def _still_linked(fd: int, path: Path) -> bool:
+    """Is the file open as `fd` the one linked at `path`?"""
+    try:
+        linked = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (linked.st_dev, linked.st_ino) == (mine.st_dev, mine.st_ino)
