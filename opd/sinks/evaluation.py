@@ -28,6 +28,7 @@ from typing import Any
 
 from opd.config import EvalConfig
 from opd.envs.base import EvalReport, RolloutEnv
+from opd.run_files import make_dir, replace_file
 from opd.sinks.base import Sink, Written
 from opd.tracking.mlflow_run import Tracker
 
@@ -53,9 +54,8 @@ class Evaluator(Sink):
         self.last, self.last_step, self.last_items = report.metrics, step, report.items
         if not self.first:
             self.first, self.first_items = report.metrics, report.items
-        path = self.out_dir / "eval" / f"step_{step:06d}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(row) + "\n" for row in report.items))
+        path = make_dir(self.out_dir / "eval") / f"step_{step:06d}.jsonl"  # opd.run_files: no link or FIFO followed
+        replace_file(path, "".join(json.dumps(row) + "\n" for row in report.items))
         logger.info("evaluation at step %d: accuracy %.3f, sampled accuracy %.3f over %d items", step,
                     report.metrics.get("eval/accuracy", 0.0), report.metrics.get("eval/sampled_accuracy", float("nan")), len(report.items))
         if self.tracker is not None:
