@@ -17,17 +17,19 @@ os.environ.setdefault("WANDB_SILENT", "true")
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from opd.cli import log_path, register_help, report_errors  # noqa: E402
+from opd.cli import guard_hydra_files, log_path, register_help, report_errors  # noqa: E402
 from opd.config import ConfigError, register, validate  # noqa: E402
 
 logger = logging.getLogger("experiments.launch")
 register()
 register_help()
+guard_hydra_files()
 
 
 def _run_failures() -> tuple[type[BaseException], ...]:
     """Errors that end a run for a reason its message says in full (a server lost, too many failed
     groups, tracking that failed): the console shows the message, the log also the traceback."""
+    from opd.run_files import RunFileError
     from opd.runner import TooManyDropped, TooManyFailures
     from opd.serving.local_vllm import ServerStartError
     from opd.serving.watch import ServerLost
@@ -35,7 +37,7 @@ def _run_failures() -> tuple[type[BaseException], ...]:
     from opd.sweep.slurm import StoppedBySlurm
     from opd.tracking.mlflow_run import TrackingFailed
 
-    return (ServerLost, ServerStartError, TooManyFailures, TooManyDropped, TrackingFailed, TrainerAPIError, StoppedBySlurm)
+    return (ServerLost, ServerStartError, TooManyFailures, TooManyDropped, TrackingFailed, TrainerAPIError, StoppedBySlurm, RunFileError)
 
 
 def launch(cfg: DictConfig) -> float:

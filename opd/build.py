@@ -149,9 +149,10 @@ def local_server(cfg: Config, model: str, workdir: Path) -> Any:
     if cfg.trainer.kind == "local":
         server = replace(server, environment={**server.environment, "VLLM_SERVER_DEV_MODE": "1"})
         if cfg.trainer.refresh:
+            from opd.run_files import make_dir
             from opd.train.untied import untied_copy
 
-            copy = untied_copy(model, workdir / "untied_model")
+            copy = untied_copy(model, make_dir(workdir) / "untied_model")
             weights = str(copy) if copy is not None else None
     return LocalVLLM(server, model, workdir, seed=cfg.seed, weights=weights)
 

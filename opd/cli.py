@@ -23,6 +23,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from opd.config import CONF_DIR, ConfigError
+from opd.run_files import RunFileError, make_dir, replace_file
 
 # Options that other configs choose (a group's base, an env's default dataset) and groups that
 # are parts of other groups: not choices a user makes on the command line.
@@ -206,7 +207,30 @@ def user_error(err: BaseException, overrides: list[str]) -> str | None:
     """The one line a user reads for `err`, or None when it is not a bad input (Hydra reports it)."""
     if isinstance(err, ConfigError):
         return str(err)
+    cause: BaseException | None = err
+    while cause is not None:  # a run directory's file refused, also under logging's "Unable to configure handler"
+        if isinstance(cause, RunFileError):
+            return str(cause)
+        cause = cause.__cause__
     return composition_error(err, overrides)
+
+
+def guard_hydra_files() -> None:
+    """Hydra writes `<run dir>/.hydra/{config,hydra,overrides}.yaml` by name before a run starts
+    (it would follow a link planted there, or wait on a FIFO): make it write them as every file of
+    a run directory is written (`opd.run_files`: a directory of its own, a fresh name renamed over
+    the old file, a link or a FIFO in its place refused). The run's log is `opd.run_files.LogFile`
+    (conf/hydra/job_logging/opd.yaml)."""
+    import hydra.core.utils as hydra_utils
+
+    if getattr(hydra_utils._save_config, "opd_guarded", False):
+        return
+
+    def save_config(cfg: Any, filename: str, output_dir: Path) -> None:
+        replace_file(make_dir(output_dir) / filename, OmegaConf.to_yaml(cfg))
+
+    save_config.opd_guarded = True  # type: ignore[attr-defined]
+    hydra_utils._save_config = save_config
 
 
 def report_errors() -> None:

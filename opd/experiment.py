@@ -28,6 +28,7 @@ from opd.config import Config, ConfigError
 from opd.data.sources import TaskSet
 from opd.envs.base import RolloutEnv
 from opd.event_loop import run_loop
+from opd.run_files import replace_file
 from opd.runner import Runner, RunnerLimits, RunStats
 from opd.serving.watch import ServerWatch, Watches
 from opd.sinks.base import Sink
@@ -43,18 +44,26 @@ GROUPS_FILE = "groups.jsonl"
 
 @dataclass(frozen=True)
 class Resumed:
-    """What a resumed run continues: the valid groups kept and the MLflow run id."""
+    """What a resumed run continues: the valid groups kept, the duplicates dropped from the file
+    and the MLflow run id."""
 
     groups: list[dict[str, Any]]
     run_id: str | None
+    duplicates: int = 0
 
 
 def resume_state(cfg: Config, job: SweepJob | None, out: Path) -> Resumed:
-    """resume=true: the valid head of the killed run's groups.jsonl (the file is cut after it) and
-    its MLflow run; otherwise nothing, and a directory that already has groups is refused."""
+    """resume=true: the valid head of the killed run's groups.jsonl, each group once (the file is
+    cut after it, duplicates taken out) and its MLflow run; otherwise nothing, and a directory that
+    already has groups is refused. A groups.jsonl that is not a regular file of its own (a link,
+    a FIFO, a file with other names: a crafted directory) is refused at once, nothing changed."""
     from opd.records import recover
+    from opd.run_files import RunFileError, lstat_kind
 
     groups_path = out / GROUPS_FILE
+    key = "resume" if cfg.resume else "hydra.run.dir"
+    if (what := lstat_kind(groups_path)) is not None:
+        raise ConfigError(f"{key}: {RunFileError(groups_path, what)}", key)
     if not cfg.resume:
         if groups_path.exists() and groups_path.stat().st_size > 0:
             raise ConfigError(f"resume: {groups_path} already has groups; continue it with resume=true or use another directory", "resume")
@@ -69,10 +78,15 @@ def resume_state(cfg: Config, job: SweepJob | None, out: Path) -> Resumed:
         raise ConfigError("resume: a run with trainer=local cannot be resumed (its trained weights are not restored); start it again", "resume")
     if not groups_path.exists():
         raise ConfigError(f"resume: no {groups_path} to continue; pass hydra.run.dir=<the killed run's directory>", "resume")
-    kept = recover(groups_path)
-    run_id = previous_run_id(out) if cfg.tracking.enabled else None
-    logger.info("resuming %s: %d valid groups kept, %d to go; MLflow run %s", groups_path, len(kept), max(0, cfg.total_steps - len(kept)), run_id or "new")
-    return Resumed(kept, run_id)
+    try:
+        recovered = recover(groups_path)
+        run_id = previous_run_id(out) if cfg.tracking.enabled else None
+    except RunFileError as err:  # groups.jsonl made a link since the check above; the MLflow run file one
+        raise ConfigError(f"resume: {err}", "resume") from None
+    kept = recovered.groups
+    logger.info("resuming %s: %d valid groups kept%s, %d to go; MLflow run %s", groups_path, len(kept),
+                f" ({recovered.duplicates} duplicates dropped)" if recovered.duplicates else "", max(0, cfg.total_steps - len(kept)), run_id or "new")
+    return Resumed(kept, run_id, recovered.duplicates)
 
 
 def run_info(cfg: Config, job: SweepJob | None, data: TaskSet, asked: list[str] | None = None, started: float | None = None) -> RunInfo:
@@ -116,7 +130,7 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
     out.mkdir(parents=True, exist_ok=True)
     resolved = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
     yaml_text = OmegaConf.to_yaml(resolved)
-    (out / "config.yaml").write_text(yaml_text)
+    replace_file(out / "config.yaml", yaml_text)
     data = build.load_data(cfg)
     model = build.resolve_model(cfg.server.model)
     build.preflight(cfg, model)
@@ -149,6 +163,8 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
         logger.info("%d groups (%d rollouts) in flight for %d request slots", groups, groups * cfg.group_size, cfg.server.max_requests_in_flight * len(urls))
         if tracker is not None:
             tracker.set_tags({"opd.groups_in_flight": str(groups)})
+            if resumed.duplicates:
+                tracker.set_tags({"opd.resume_duplicates_dropped": str(resumed.duplicates)})
         concurrency = groups * cfg.group_size
         if tracker is not None:
             tracker.begin()
@@ -179,7 +195,7 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
     report = {**summary, "objective": objective, "objective_name": objective_name, "accuracy": _accuracy(summary, history),
               "run_s": time.time() - started, "output_dir": str(out.resolve()), "mlflow_run_id": run_id,
               "tracking_uri": absolute_tracking_uri(cfg.tracking.uri) if cfg.tracking.enabled else None}
-    (out / SUMMARY_FILE).write_text(json.dumps(report, indent=2, default=str))
+    replace_file(out / SUMMARY_FILE, json.dumps(report, indent=2, default=str))
     if job is None:
         logger.info("%s", summary_table(cfg, report))
     else:  # jobs may run at once: one line each on the console, the table in the job's log

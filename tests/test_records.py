@@ -80,6 +80,8 @@ def test_gzip_records_read_back_and_validate_even_without_their_trailer(tmp_path
 
     plain, packed = tmp_path / "g.jsonl", tmp_path / "g.jsonl.gz"
     groups = [good_group() for _ in range(3)]
+    for number, group in enumerate(groups):  # three groups, not one group three times (a duplicate)
+        group["group_overrides"]["item_id"] = f"m-{number}"
     with GroupWriter(plain) as a, GroupWriter(packed) as b:
         for group in groups:
             a.write(group)

@@ -224,7 +224,7 @@ def test_a_cut_file_or_a_foreign_group_is_named_and_the_rest_shown(records, toke
     summary = json.loads(re.search(r'<script type="application/json" id="summary">(.*?)</script>', html, re.S).group(1))
     assert [row[0] for row in summary["rows"]] == [1, 2]
     assert len(summary["problems"]) == 2 and summary["problems"][0].startswith("group 0 (line 1) not shown")
-    assert "broken.jsonl:4: not a JSON line" in summary["problems"][1]
+    assert "broken.jsonl: line 4: not a JSON line" in summary["problems"][1]
     assert not (tmp_path / "broken.html.part").exists()
 
 

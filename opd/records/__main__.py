@@ -1,72 +1,110 @@
 """`python -m opd.records check FILE [FILE ...]`: check every group of record files (exit 1 on any
-problem); `python -m opd.records view FILE [--tokenizer DIR] [--out HTML]`: write its viewer."""
+problem); `python -m opd.records view FILE [--tokenizer DIR] [--out HTML]`: write its viewer.
+
+Both read with `opd.records.reader` (the reader resume uses too, with the same limits; the flags
+below change them for one command) and print one line per problem, naming the file and the line,
+with control and bidi characters from the file escaped."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
 
-from opd.records.io import read_groups
+from opd.records.escape import console
+from opd.records.reader import LIMITS, Limits, digest, is_gzip, records
 from opd.records.rules import check_group
+from opd.run_files import open_file
 
 logger = logging.getLogger("opd.records")
+# Problems listed per file before the check stops there (a file of a million bad lines is one
+# problem a million times).
+MAX_PROBLEMS = 1000
 # The fixture model's directory (opd/fixture/model), named by path: opd.fixture is a higher layer.
 FIXTURE_MODEL = Path(__file__).resolve().parents[1] / "fixture" / "model"
 
 
-def check_file(path: Path) -> tuple[int, list[str]]:
-    """(groups read, problems as `group N: ...` strings)."""
+def check_file(path: Path, limits: Limits = LIMITS, follow: bool = True) -> tuple[int, list[str]]:
+    """(groups read, problems as `line L: ...` or `line L: group N: ...` strings, escaped). A
+    line the reader refuses is a problem and the check goes on after it, unless the file cannot be
+    read further (a line past the cap, a decompression bomb) or `MAX_PROBLEMS` are listed; a group
+    equal to an earlier one (whatever its key order or spacing) is a problem: resume keeps one of
+    them."""
     problems: list[str] = []
     count = 0
+    seen: dict[bytes, int] = {}
     try:
-        for count, group in enumerate(read_groups(path), 1):
-            problems += [f"group {count}: {p}" for p in check_group(group)]
-    except (ValueError, OSError) as err:
-        problems.append(str(err))
+        with open_file(path, "rb", follow=follow) as handle:
+            for record in records(handle, is_gzip(path), limits):
+                if record.problem is not None:
+                    problems.append(f"line {record.number}: {console(record.problem)}")
+                    if record.fatal or len(problems) >= MAX_PROBLEMS:
+                        break
+                    continue
+                if record.blank:
+                    continue
+                count += 1
+                problems += [f"line {record.number}: group {count}: {console(p)}" for p in check_group(record.value)]
+                fingerprint = digest(record.value)
+                if fingerprint in seen:
+                    problems.append(f"line {record.number}: group {count}: a duplicate of the group on line {seen[fingerprint]}")
+                else:
+                    seen[fingerprint] = record.number
+                if len(problems) >= MAX_PROBLEMS:
+                    problems.append(f"line {record.number}: {len(problems)} problems; the check stopped here")
+                    break
+    except OSError as err:
+        problems.append(console(str(err)))
     return count, problems
 
 
-def _check(paths: list[Path]) -> int:
+def _check(paths: list[Path], limits: Limits) -> int:
     failed = False
     for path in paths:
-        count, problems = check_file(path)
+        count, problems = check_file(path, limits)
         for problem in problems:
-            logger.error("%s: %s", path, problem)
-        logger.info("%s: %d groups, %d problems", path, count, len(problems))
+            logger.error("%s: %s", console(str(path)), problem)
+        logger.info("%s: %d groups, %d problems", console(str(path)), count, len(problems))
         failed |= bool(problems) or count == 0
     return 1 if failed else 0
 
 
-def _view(path: Path, tokenizer_dir: Path, out: Path | None) -> int:
+def _view(path: Path, tokenizer_dir: Path, out: Path | None, limits: Limits) -> int:
     from transformers import AutoTokenizer
 
     from opd.records.viewer import write_viewer
 
     html = out or path.with_name(path.name.removesuffix(".gz").removesuffix(".jsonl") + ".html")
     try:
-        write_viewer(path, AutoTokenizer.from_pretrained(str(tokenizer_dir)), html)
+        write_viewer(path, AutoTokenizer.from_pretrained(str(tokenizer_dir)), html, limits, follow=True)
     except (ValueError, OSError) as err:
-        logger.error("%s: %s", path, err)
+        said = console(str(err))
+        logger.error("%s", said if console(str(path)) in said else f"{console(str(path))}: {said}")
         return 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opd.records", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m opd.records", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    limits = argparse.ArgumentParser(add_help=False)
+    limits.add_argument("--max-line-mb", type=float, default=LIMITS.max_line_bytes / 2**20, help="the longest line read, in MiB (default %(default)g)")
+    limits.add_argument("--max-ratio", type=float, default=LIMITS.max_ratio,
+                        help="the most a gzip file may inflate, per 16 MiB inflated (default %(default)g; records inflate 15-25 times)")
     commands = parser.add_subparsers(dest="command", required=True)
-    check = commands.add_parser("check", help="check every group of record files")
+    check = commands.add_parser("check", help="check every group of record files", parents=[limits])
     check.add_argument("files", nargs="+", type=Path)
-    view = commands.add_parser("view", help="write the HTML viewer of a record file")
+    view = commands.add_parser("view", help="write the HTML viewer of a record file", parents=[limits])
     view.add_argument("file", type=Path, help="groups.jsonl or groups.jsonl.gz")
     view.add_argument("--tokenizer", type=Path, default=FIXTURE_MODEL, help="a tokenizer directory (default: the fixture model's)")
     view.add_argument("--out", type=Path, help="the page to write (default: FILE with the suffix .html)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    chosen = dataclasses.replace(LIMITS, max_line_bytes=int(args.max_line_mb * 2**20), max_ratio=args.max_ratio)
     if args.command == "view":
-        return _view(args.file, args.tokenizer, args.out)
-    return _check(args.files)
+        return _view(args.file, args.tokenizer, args.out, chosen)
+    return _check(args.files, chosen)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import TracebackType
 
 from opd.config import LocalServerConfig, project_path
+from opd.run_files import make_dir, open_file
 
 logger = logging.getLogger(__name__)
 
@@ -83,18 +84,15 @@ def startup_phase(log_text: str) -> str:
 
 def _read_tail(path: Path, size: int = 1 << 16) -> str:
     try:
-        with path.open("rb") as handle:
-            handle.seek(max(0, path.stat().st_size - size))
+        with open_file(path, "rb") as handle:
+            handle.seek(max(0, os.fstat(handle.fileno()).st_size - size))
             return handle.read().decode(errors="replace")
     except OSError:
         return ""
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
+    return "\n".join(_read_tail(path).splitlines()[-lines:]) or "(no log)"
 
 
 class LocalVLLM:
@@ -164,10 +162,10 @@ class LocalVLLM:
 
     def start(self) -> str:
         """Start the server and wait for /health; return the /v1 base URL."""
-        (self.workdir / "cache").mkdir(parents=True, exist_ok=True)
+        make_dir(make_dir(self.workdir) / "cache")  # in the run directory: directories of their own, not links
         started = time.monotonic()
         logger.info("starting vLLM on port %d (log: %s)", self.port, self.log_path)
-        with open(self.log_path, "ab") as log:
+        with open_file(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("guard.py")), *self.command()],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -43,6 +43,7 @@ from typing import Any
 
 from opd.config import EvalConfig
 from opd.envs.base import EvalReport, RolloutEnv
+from opd.run_files import make_dir, read_text, replace_file
 from opd.sinks.base import Sink, Written
 from opd.tracking.mlflow_run import Tracker
 
@@ -89,10 +90,8 @@ class Evaluator(Sink):
         return report
 
     def _write(self, report: EvalReport, name: str) -> Path:
-        path = self.out_dir / "eval" / f"{name}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(row) + "\n" for row in report.items))
-        return path
+        path = make_dir(self.out_dir / "eval") / f"{name}.jsonl"  # opd.run_files: no link or FIFO followed
+        return replace_file(path, "".join(json.dumps(row) + "\n" for row in report.items))
 
     async def run(self, step: int) -> EvalReport:
         """Evaluate now and record it at `step`."""
@@ -134,17 +133,15 @@ class Evaluator(Sink):
         assert self.ceiling is not None
         self.started = time.monotonic()
         kept = self._ceiling_file()
-        if kept is not None and kept.is_file():
-            saved = json.loads(kept.read_text())
+        if kept is not None and os.path.lexists(kept):  # read_text refuses a link or anything but a regular file
+            saved = json.loads(read_text(kept))
             report = EvalReport(saved["metrics"], saved["items"], [])
             logger.info("the teacher's evaluation is the one %s holds (the same teacher, items and seeds)", kept)
         else:
             report = await self._evaluate(self.ceiling.env)
             if kept is not None:
-                kept.parent.mkdir(parents=True, exist_ok=True)
-                tmp = kept.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps({"metrics": report.metrics, "items": report.items}))
-                tmp.replace(kept)
+                make_dir(kept.parent)
+                replace_file(kept, json.dumps({"metrics": report.metrics, "items": report.items}))
         self.teacher = report.metrics
         path = self._write(report, "teacher")
         logger.info("the teacher's evaluation (the ceiling): accuracy %.3f, sampled accuracy %.3f over %d items",

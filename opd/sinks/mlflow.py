@@ -30,8 +30,10 @@ class MlflowMetrics(Sink):
     def _upload(self) -> None:
         """groups.jsonl and its viewer as artifacts (best effort: never masks the run's own error)."""
         from opd.records.viewer import write_viewer
+        from opd.run_files import check_name
 
         try:
+            check_name(self.groups_path)  # a link put in its place is not followed into the artifacts
             self.tracker.log_artifact(self.groups_path, "data")
             viewer = write_viewer(self.groups_path, self.tokenizer, self.groups_path.with_name("groups.html"))
             self.tracker.log_artifact(viewer, "data")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from opd.run_files import open_file
 from opd.sweep.state import SweepState
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class _LineCounter:
 
     def count(self) -> int:
         try:
-            with self.path.open("rb") as handle:
+            with open_file(self.path, "rb") as handle:  # a FIFO or a link in a job's folder is not waited on or followed
                 handle.seek(self.offset)
                 while chunk := handle.read(1 << 20):
                     self.lines += chunk.count(b"\n")

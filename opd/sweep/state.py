@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from opd.run_files import read_text, replace_file
+
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "opd_sweep.json"
@@ -49,19 +51,17 @@ class SweepState:
 
 
 def write_state(state: SweepState) -> Path:
+    """The sweep's state file, replaced whole (`opd.run_files`: a link or a FIFO there is refused)."""
     path = Path(state.sweep_dir) / STATE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=2))
-    tmp.replace(path)
-    return path
+    return replace_file(path, json.dumps(asdict(state), indent=2))
 
 
 def read_state(sweep_dir: str | Path) -> SweepState | None:
     path = Path(sweep_dir) / STATE_FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
-    return SweepState(**json.loads(path.read_text()))
+    return SweepState(**json.loads(read_text(path)))
 
 
 def swept_keys(task_overrides: list[str], sweeper_params: dict[str, Any] | None) -> list[str]:

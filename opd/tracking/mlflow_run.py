@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from opd.config import ConfigError
+from opd.run_files import read_text, replace_file
 from opd.tracking import secrets
 from opd.tracking.session import DatasetRef, ensure_experiment, git_commit, system_tags  # noqa: F401 (re-exported)
 from opd.tracking.store import absolute_tracking_uri, artifact_location, check_store
@@ -120,7 +121,7 @@ class Tracker:
             self._process = subprocess.Popen([sys.executable, "-m", "opd.tracking.session"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE, env=env)
             if self.run_file is not None:  # a resume waits for it: killed with us, it still sends what it has
-                self.run_file.with_name(PROCESS_FILE).write_text(str(self._process.pid))
+                replace_file(self.run_file.with_name(PROCESS_FILE), str(self._process.pid))
             for target in (self._write, self._read, self._relay):
                 thread = threading.Thread(target=target, name=f"mlflow-{target.__name__[1:]}", daemon=True)
                 thread.start()
@@ -353,14 +354,19 @@ def previous_run_id(out: Path, wait_s: float = 120.0) -> str | None:
     """The MLflow run a killed run in `out` was logging to (for resume=true), if any. A killed
     run's tracking process still sends the calls it was given, then exits: wait for it first."""
     try:
-        pid = int((out / PROCESS_FILE).read_text() or 0)
-    except (OSError, ValueError):
+        pid = int(read_text(out / PROCESS_FILE, limit=64) or 0)
+    except (OSError, ValueError):  # none, or not a regular file (a link, a FIFO: not waited on)
         pid = 0
     deadline = time.monotonic() + wait_s
     while pid > 0 and _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     path = out / RUN_FILE
-    return json.loads(path.read_text()).get("run_id") if path.exists() else None
+    if not os.path.lexists(path):
+        return None
+    try:
+        return json.loads(read_text(path, limit=1 << 16)).get("run_id")
+    except ValueError as err:
+        raise ConfigError(f"resume: {path} is not the run file a run writes ({err})", "resume") from None
 
 
 def _alive(pid: int) -> bool:

@@ -140,10 +140,10 @@ class Session:
             run = mlflow.start_run(run_id=created.info.run_id)
         self.run_id = run.info.run_id
         self.client = client
-        if run_file is not None:
-            path = Path(run_file)
-            path.with_suffix(".tmp").write_text(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri}))
-            path.with_suffix(".tmp").replace(path)
+        if run_file is not None:  # a fresh name renamed over it (opd.run_files: a link or a FIFO there is refused)
+            from opd.run_files import replace_file
+
+            replace_file(Path(run_file), json.dumps({"run_id": run.info.run_id, "tracking_uri": uri}))
         self.opened = True
         return run.info.run_id, experiment_id
 

@@ -22,9 +22,12 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
+
+from opd.run_files import check_tree, lstat_kind, read_text, replace_file
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +84,12 @@ def save_untied(model: Any, directory: Path, max_shard_size: str = "5GB") -> Pat
     """Write `model` as a HF checkpoint whose output layer is a tensor of its own
     (`tie_word_embeddings: false`): same values, loads in transformers and vLLM alike, and an
     in-place reload refreshes every tensor. Weights only (config, generation config); the caller
-    adds the tokenizer files. Earlier weight files in `directory` are replaced."""
+    adds the tokenizer files. Earlier weight files in `directory` are replaced. The writers open
+    files by name, so `directory` and all in it must be directories and regular files of their
+    own (`opd.run_files.check_tree`: a link or a FIFO planted in a run directory is refused)."""
     from huggingface_hub import save_torch_state_dict
 
-    directory.mkdir(parents=True, exist_ok=True)
+    check_tree(directory)
     for old in list(directory.iterdir()):
         if old.name.endswith(_WEIGHT_SUFFIXES) or old.name in _WEIGHT_INDEXES:
             old.unlink()
@@ -105,7 +110,7 @@ def untied_copy(model_dir: str, directory: Path) -> Path | None:
     source = {"model": str(Path(model_dir).resolve()) if Path(model_dir).is_dir() else model_dir}
     if Path(model_dir).is_dir():
         source["mtime"] = max(p.stat().st_mtime for p in Path(model_dir).iterdir())
-    if marker.is_file() and json.loads(marker.read_text()) == source:
+    if os.path.lexists(marker) and lstat_kind(marker) is None and json.loads(read_text(marker, limit=1 << 16)) == source:
         return directory
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -118,7 +123,7 @@ def untied_copy(model_dir: str, directory: Path) -> Path | None:
                 shutil.copy2(path, directory / path.name)
     else:
         AutoTokenizer.from_pretrained(model_dir).save_pretrained(directory)
-    marker.write_text(json.dumps(source))
+    replace_file(marker, json.dumps(source))
     logger.info("the output layer of %s is tied to its embedding: serving an untied copy (%s), which an in-place reload refreshes whole",
                 model_dir, directory)
     return directory

@@ -29,9 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from opd.records.io import read_groups
+from opd.records.escape import console
+from opd.records.reader import LIMITS, Limits, RecordFileError, read_groups
 from opd.records.viewer.payload import pack_group
 from opd.records.viewer.summary import COLUMNS, summarise
+from opd.run_files import check_name
 
 logger = logging.getLogger(__name__)
 
@@ -70,28 +72,34 @@ def decode_vocabulary(tokenizer: Any, ids: np.ndarray) -> list[str | None]:
     return table
 
 
-def write_viewer(groups_path: Path, tokenizer: Any, html_path: Path) -> Path:
+def write_viewer(groups_path: Path, tokenizer: Any, html_path: Path, limits: Limits = LIMITS, *, follow: bool = False) -> Path:
     """Write the viewer of `groups_path` (.jsonl or .jsonl.gz) to `html_path` and return it.
     `tokenizer` (a Hugging Face tokenizer) decodes the token ids. A group that cannot be shown,
-    or a line that is not JSON (which ends the reading, as in a file cut by a killed run), is
-    logged and named in the page's header; the rest is shown. The file is replaced whole."""
+    or a line the reader refuses (which ends the reading, as in a file cut by a killed run; the
+    reader's `limits` are those of check and resume), is logged and named in the page's header;
+    the rest is shown. A file that cannot be read on (a decompression bomb, a line past the cap)
+    is a RecordFileError and no page. The page is replaced whole: written under a fresh name
+    beside it, renamed over it; a link, a FIFO or a file with other names at `html_path` is
+    refused (`opd.run_files`). `follow=True` reads a records file through a link the user named."""
     groups_path, html_path = Path(groups_path), Path(html_path)
     started = time.perf_counter()
     rows: list[list[Any]] = []
     problems: list[str] = []
     used = np.zeros(0, dtype=bool)
     vocabulary_size = len(tokenizer)
-    partial = html_path.with_name(html_path.name + ".part")
+    check_name(html_path)
+    fd, name = tempfile.mkstemp(dir=html_path.parent, prefix=f".{html_path.name}.", suffix=".part")  # O_EXCL | O_NOFOLLOW
+    partial = Path(name)
     try:
         with tempfile.TemporaryFile(dir=html_path.parent) as blobs:
             try:
-                for index, group in enumerate(read_groups(groups_path)):
+                for index, group in enumerate(read_groups(groups_path, limits, follow=follow)):
                     try:
                         row = summarise(index, group)
                         packed, id_arrays = pack_group(group)
                     except (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError) as err:  # not a group of this format
                         problems.append(f"group {index} (line {index + 1}) not shown: {type(err).__name__}: {err}")
-                        logger.warning("%s: %s", groups_path, problems[-1])
+                        logger.warning("%s: %s", console(str(groups_path)), console(problems[-1]))
                         continue
                     rows.append(row)
                     for ids in id_arrays:
@@ -102,7 +110,9 @@ def write_viewer(groups_path: Path, tokenizer: Any, html_path: Path) -> Path:
                                 used = np.concatenate([used, np.zeros(max(top + 1 - used.size, used.size), dtype=bool)])
                             used[ids] = True
                     blobs.write(b'<script type="application/octet-stream" id="g%d">' % index + base64.b64encode(packed) + b"</script>\n")
-            except ValueError as err:  # read_groups: a line that is not JSON
+            except RecordFileError as err:  # a line the reader refuses (the message names the file and line, escaped)
+                if err.fatal:  # a decompression bomb, a line past the cap: no page
+                    raise
                 problems.append(f"reading stopped: {err}")
                 logger.warning("%s; the viewer shows the groups before it", err)
             vocabulary = decode_vocabulary(tokenizer, np.flatnonzero(used))
@@ -113,13 +123,17 @@ def write_viewer(groups_path: Path, tokenizer: Any, html_path: Path) -> Path:
                     "vocabulary": script_json(vocabulary), "summary": script_json({"columns": COLUMNS, "rows": rows, "problems": problems})}
             # One pass, so a placeholder's text inside a filled-in value is left alone.
             head = re.sub(r"\{\{(\w+)\}\}", lambda m: fill[m.group(1)], head)
-            with open(partial, "wb") as out:
+            with os.fdopen(fd, "wb") as out:
+                fd = -1
                 out.write(head.encode("utf-8"))
                 blobs.seek(0)
                 shutil.copyfileobj(blobs, out, 1 << 20)
                 out.write(tail.encode("utf-8"))
+        os.chmod(partial, 0o644)
         os.replace(partial, html_path)
     finally:
+        if fd >= 0:
+            os.close(fd)
         partial.unlink(missing_ok=True)
     logger.info("viewer of %d groups: %s (%.1f MB, %.1f s)", len(rows), html_path, html_path.stat().st_size / 1e6, time.perf_counter() - started)
     return html_path
