@@ -28,7 +28,8 @@ guard_hydra_files()
 
 def _run_failures() -> tuple[type[BaseException], ...]:
     """Errors that end a run for a reason its message says in full (a server lost, too many failed
-    groups, tracking that failed): the console shows the message, the log also the traceback."""
+    groups, tracking that failed, served weights that are not the trained ones): the console shows
+    the message, the log also the traceback."""
     from opd.run_files import RunFileError
     from opd.runner import TooManyDropped, TooManyFailures
     from opd.serving.local_vllm import ServerStartError
@@ -36,8 +37,10 @@ def _run_failures() -> tuple[type[BaseException], ...]:
     from opd.sinks.atropos import TrainerAPIError
     from opd.sweep.slurm import StoppedBySlurm
     from opd.tracking.mlflow_run import TrackingFailed
+    from opd.train.refresh_check import RefreshMismatch
 
-    return (ServerLost, ServerStartError, TooManyFailures, TooManyDropped, TrackingFailed, TrainerAPIError, StoppedBySlurm, RunFileError)
+    return (ServerLost, ServerStartError, TooManyFailures, TooManyDropped, TrackingFailed, TrainerAPIError, StoppedBySlurm, RunFileError,
+            RefreshMismatch)
 
 
 def launch(cfg: DictConfig) -> float:
