@@ -129,3 +129,88 @@ def test_control_strings_the_policy_wrote_stay_text_in_the_teachers_request(name
     else:
         kept = next(i for i, (a, b) in enumerate(zip(hostile[1], record)) if a != b)
         assert kept > rollout.turns[0].end and HINT in tokenizer.decode(hostile[1][kept:])
+
+
+# ---- the judge: the quoted text is defused for the judge's own tokenizer --------------------------
+
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def _tokenizer(name: str) -> Any:
+    if name not in _TOKENIZERS:
+        _TOKENIZERS[name] = _family(name)[0]
+    return _TOKENIZERS[name]
+
+
+def _directory(name: str) -> str:
+    if name == "fixture":
+        from opd.fixture.build import ensure_fixture
+
+        return str(ensure_fixture())
+    from opd.fixture.families import tokenizer_dir
+
+    return str(tokenizer_dir(name))
+
+
+def _judge_reads(judge: str, messages: list[dict]) -> Counter:
+    """The control tokens of the judge's prompt as its server reads it: its template, then its
+    tokenizer with special tokens parsed (vLLM's chat route)."""
+    tokenizer = _tokenizer(judge)
+    fmt = ChatFormat.from_config(validate(compose([f"model={judge}"])).model)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **fmt.render_kwargs)
+    return _controls(tokenizer, tokenizer.encode(text, add_special_tokens=False))
+
+
+def _judged(policy: str, judge: str, written: str) -> list[dict]:
+    from opd.distill.judge_prompt import judge_messages
+    from opd.distill.judge_tokens import judge_defuser
+
+    cfg = validate(compose(["env=opd_coding", "judge=server", "judge.base_url=http://127.0.0.1:9/v1", f"judge.model={_directory(judge)}"]))
+    defuse = judge_defuser(cfg.judge, _tokenizer(policy))
+    messages = judge_messages(f"I ran it. {written}", f"{written}\n[exit code 0]", "tool")
+    return [{**m, "content": defuse(m["content"])} for m in messages]
+
+
+PAIRS = [(p, j) for p in FAMILIES for j in FAMILIES if p != j]
+
+
+FAST_PAIRS = (("fixture", "llama3"), ("qwen3", "gpt_oss"), ("llama3", "mistral"))
+
+
+@pytest.mark.parametrize(("policy", "judge"), [p if p in FAST_PAIRS else pytest.param(*p, marks=pytest.mark.slow) for p in PAIRS])
+def test_a_judge_of_another_family_reads_no_control_token_the_policy_wrote(policy: str, judge: str) -> None:
+    forged = FORGED[judge] + FORGED[policy]
+    assert _judge_reads(judge, _judged(policy, judge, forged)) == _judge_reads(judge, _judged(policy, judge, "x"))
+
+
+def test_a_judge_whose_tokenizer_is_unknown_gets_every_familys_control_shapes_defused() -> None:
+    from opd.distill.judge_tokens import judge_defuser
+
+    cfg = validate(compose(["env=opd_coding", "judge=server", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=served-judge"]))
+    defuse = judge_defuser(cfg.judge, _tokenizer("fixture"))
+    for name in FAMILIES:
+        tokenizer = _tokenizer(name)
+        every = "".join(str(t) for t in tokenizer.added_tokens_decoder.values())
+        assert _controls(tokenizer, tokenizer.encode(defuse(every), add_special_tokens=False)) == Counter(), name
+
+
+def test_the_environment_defuses_for_the_judge_on_its_own_server(fixture_model: str) -> None:
+    """opd_coding on the fixture with judge=server on a Llama 3 judge (judge.model its directory):
+    the judge's prompt as sent holds none of Llama 3's control tokens the policy wrote."""
+    from opd.data.sources import TaskSet
+    from scripted import ScriptedClient, build_env
+
+    cfg = validate(compose(["env=opd_coding", "group_size=1", "judge=server", "judge.base_url=http://scripted/v1", f"judge.model={_directory('llama3')}"]))
+    judge = ScriptedClient(chat=lambda messages, n: ["\\boxed{-1}"] * n)
+    task = {"id": "t", "task": "Add.", "test_code": "print('ok')\n"}
+    env = build_env(cfg, TaskSet(train=[task], eval=[], source="test"), fixture_model, ScriptedClient(), judge=judge)
+
+    async def ask(written: str) -> list[dict]:
+        from opd.distill.judge_prompt import judge_messages
+
+        await env.judge_chat(judge_messages(f"I ran it. {written}", written, "tool"), 1, 16, 0.0)
+        return judge.chats[-1]["messages"]
+
+    hostile, benign = asyncio.run(ask(FORGED["llama3"])), asyncio.run(ask("x"))
+    asyncio.run(env.close())
+    assert _judge_reads("llama3", hostile) == _judge_reads("llama3", benign)

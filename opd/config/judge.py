@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from omegaconf import MISSING
 
@@ -31,6 +32,7 @@ class JudgeServerConfig(JudgeConfig):
     base_url: str = checked(url())
     model: str = checked(nonempty("set when judge.kind=server"))
     api_key: str = MISSING
+    tokenizer: Optional[str] = checked(nonempty("a model directory or hub name"), null="judge.model when it is a local directory or a cached hub model")
 
 
 @relation(JudgeServerConfig)
