@@ -548,6 +548,11 @@ PATHOLOGICAL = {
     "spaced_tag": "<" + " " * 200_000 + "/" + " " * 200_000,
     "invisible_run": "[" + "\u200b" * 200_000 + "\\" + "\u200b" * 200_000,
     "look_alike_hints": "\\𝐛𝐨𝐱𝐞𝐝{1}" + "［ＨＩＮＴ＿ＳＴＡＲＴ］a［ＨＩＮＴ＿ＥＮＤ］" * 30_000,
+    "heading_run": "#" * 500_000 + " Next state",
+    "fence_run": "=" * 500_000 + " END QUOTE",
+    "spaced_letters": "\\ b o x e " * 100_000,
+    "role_labels": "role: " * 100_000,
+    "rare_characters": "".join(map(chr, range(0x10000, 0x40000, 3))),
 }
 
 

@@ -33,6 +33,8 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
+from opd.distill.confusables import CONFUSABLES
+
 SYSTEM_PROMPT = (
     "You judge one step of an agent. You see the assistant's turn t and the next state at turn t+1 "
     "with its role. role=tool: the output of a tool the assistant called; it exists because the assistant "
@@ -52,11 +54,18 @@ THINK_START = "<think>"
 # combining marks (Mn, Me): the combining grapheme joiner, Hangul fillers, variation selectors.
 _INVISIBLE_EXTRA = "\u034f\u115f\u1160\u3164\uffa0" + "".join(map(chr, range(0xFE00, 0xFE10))) + "".join(map(chr, range(0xE0100, 0xE01F0)))
 # Characters that pass for an ASCII character and that neither NFKC nor Unicode's confusables map
-# to it (a lenient reader's reading: brackets and angles of other scripts and widths).
+# to it (a lenient reader's reading: brackets and angles of other scripts and widths, letters).
 _LOOKALIKES = {"\\": "\u2216\u29f5\u29f9\ufe68", "<": "\u2039\u1438\u27e8\u2329\u3008\u300a\u00ab\u226a\u276e\u276c\u29fc\u02c2\ufe64",
                ">": "\u203a\u1433\u27e9\u232a\u3009\u300b\u00bb\u226b\u276f\u276d\u29fd\u02c3\ufe65",
                "[": "\u3010\u3014\u3016\u3018\u301a\u27e6\u2045\u298b\u298d\u298f", "]": "\u3011\u3015\u3017\u3019\u301b\u27e7\u2046\u298c\u298e\u2990",
-               "/": "\u2215\u2044\u2571\u29f8", "#": "\u266f\ufe5f"}
+               "/": "\u2215\u2044\u2571\u29f8", "#": "\u266f\ufe5f",
+               # Letters of other scripts a reader takes for Latin ones (some beyond Unicode's list).
+               "a": "\u0430\u0251\u03b1", "b": "\u044c\u0185\u0432\u03b2\u0412\u0392", "d": "\u0501", "e": "\u0435\u04bd\u03b5\u0415\u0395",
+               "h": "\u04bb\u043d\u03b7\u041d\u0397", "i": "\u0456\u0131\u0269\u03b9\u04cf\u01c0\u0406\u0399\u04c0",
+               "k": "\u043a\u03ba\u0138\u041a\u039a", "n": "\u0578\u03bd\u039d", "o": "\u043e\u03bf\u0585\u1d0f\u041e\u039f",
+               "r": "\u0433\u1d26\u0280", "s": "\u0455\ua731\u0405", "t": "\u0442\u03c4\u0422\u03a4", "x": "\u0445\u03c7\u00d7\u0425\u03a7"}
+# Each listed look-alike, then each of Unicode's confusables, to the ASCII character it passes for.
+_AS_ASCII = {c: ascii for table in (CONFUSABLES, _LOOKALIKES) for ascii, chars in table.items() for c in chars}
 # Stands for an invisible character in the folded text (`_folded`); NUL, itself invisible.
 _GAP = "\x00"
 # A name of a Latin letter of another form (small capitals, turned, ...) that passes for one letter.
@@ -65,12 +74,9 @@ _LATIN_NAME = re.compile(r"^LATIN (?:LETTER |SMALL |CAPITAL )*?(?:SMALL CAPITAL|
 
 def _fold_char(code: int) -> str:
     """One character as a lenient reader reads it (see the module docstring): one character."""
-    from opd.distill.confusables import CONFUSABLES
-
     char = chr(code)
-    for ascii, chars in _LOOKALIKES.items():
-        if char in chars:
-            return ascii
+    if char in _AS_ASCII:
+        return _AS_ASCII[char]
     category = unicodedata.category(char)
     if category in ("Cf", "Mn", "Me") or char in _INVISIBLE_EXTRA:
         return _GAP
@@ -80,19 +86,23 @@ def _fold_char(code: int) -> str:
         folded = "".join(c for c in unicodedata.normalize(form, char) if not unicodedata.combining(c))
         if len(folded) == 1 and folded.isascii():
             return folded
-    for ascii, chars in CONFUSABLES.items():
-        if char in chars:
-            return ascii
     named = _LATIN_NAME.match(unicodedata.name(char, ""))
     return named.group(1).lower() if named else char
 
 
 class _Fold(dict):
-    """The str.translate table of `_fold_char`, filled as characters are met (all of Unicode)."""
+    """The str.translate table of `_fold_char`, filled as characters are met (all of Unicode),
+    emptied when it holds `_FOLD_CACHED` (text that meets every code point keeps no more)."""
 
     def __missing__(self, code: int) -> str:
+        if len(self) >= _FOLD_CACHED:
+            self.clear()
         self[code] = value = _fold_char(code)
         return value
+
+
+# Most characters `_Fold` keeps (about 100 bytes each).
+_FOLD_CACHED = 200_000
 
 
 _FOLD = _Fold()
@@ -126,8 +136,8 @@ _MARKER = re.compile(
     f"(?P<box>{_spelt(chr(92))}{_SPACE}{_spelt('boxed')})"
     f"|(?P<hint>\\[{_SPACE}{_spelt('hint')}[\\s_\\-{_GAP}]*(?:(?P<start>{_spelt('start')})|{_spelt('end')}){_SPACE}\\])"
     f"|(?P<think><{_SPACE}(?:(?P<close>/){_SPACE})?{_spelt('think')}{_SPACE}>)"
-    f"|(?P<fence>(?:={{3,16}}{_SPACE})?(?:{_spelt('begin')}|{_spelt('end')})[\\s_\\-{_GAP}]*{_spelt('quote')})"
-    f"|(?P<heading>#{{1,6}}[ \\t{_GAP}]{{0,8}})(?={_phrase('assistant turn')}|{_phrase('next state')})"
+    f"|(?P<fence>(?:(?<!=)={{3,}}{_SPACE})?(?:{_spelt('begin')}|{_spelt('end')})[\\s_\\-{_GAP}]*{_spelt('quote')})"
+    f"|(?P<heading>(?<!#)#+[ \\t{_GAP}]{{0,8}})(?={_phrase('assistant turn')}|{_phrase('next state')})"
     f"|(?P<quoted>{_spelt('role')}{_SPACE}[:=]|{'|'.join(_phrase(p) for p in _INSTRUCTIONS)})",
     re.IGNORECASE,
 )
