@@ -1,12 +1,12 @@
 """Characters that Unicode lists as confusable with one ASCII character, and that NFKC does not
-fold to it: a Cyrillic `а` for `a`, `❮` for `<`, `‐` for `-`. Used by the judge's prompt to read
+fold to ASCII: a Cyrillic `а` for `a`, `❮` for `<`, `‐` for `-`. Used by the judge's prompt to read
 markers however the policy spells them (`opd.distill.judge_prompt`).
 
 Generated from Unicode's confusables data (UTS #39, `confusables.txt`, under the Unicode License) as
 the PyPI package `confusable-homoglyphs` 3.3.1 ships it (`confusable_homoglyphs/confusables.json`;
 wheel sha256 84c92cb79dc7f55aa290d0762b2349abd8dee4c16fbe6f99eac978d394e2e6a1): every pair of one
 ASCII character (letters, digits, the markers' punctuation) and one other character, kept where
-NFKC does not already map the other to it. Regenerate with
+NFKC does not already map the other to ASCII (fullwidth `Ｉ` is `I`, whatever it is confusable with). Regenerate with
 `python -m opd.distill.confusables path/to/confusables.json` (it prints the entries of `CONFUSABLES`).
 """
 
@@ -22,8 +22,8 @@ TARGETS = string.ascii_letters + string.digits + "\\[]<>/{}_#|:=-()"
 
 # ASCII character -> the characters confusable with it.
 CONFUSABLES: dict[str, str] = {
-    '(': "\u2768\u2772\u3014\ufd3e\uff3b",
-    ')': "\u2769\u2773\u3015\ufd3f\uff3d",
+    '(': "\u2768\u2772\u3014\ufd3e",
+    ')': "\u2769\u2773\u3015\ufd3f",
     '-': "\u02d7\u2010\u2011\u2012\u2013\u2043\u2212\u2796\u2cba\ufe58",
     '/': "\u1735\u2041\u2044\u2215\u2571\u27cb\u29f8\u2cc6\u2f03\u3033\u30ce\u31d3\u4e3f\U0001d23a",
     '2': "\u01a7\u03e8\u14bf\ua644\ua6ef\ua75a",
@@ -34,7 +34,7 @@ CONFUSABLES: dict[str, str] = {
     '7': "\U000104d2\U000118c6\U0001d212",
     '8': "\u0222\u0223\u09ea\u0a6a\u0b03\U0001031a",
     '9': "\u09ed\u0a67\u0b68\u0d6d\u2cca\ua76e\U000118ac\U000118cc\U000118d6",
-    ':': "\u02d0\u02f8\u0589\u0903\u0a83\u16ec\u1803\u1809\u205a\u2236\ua4fd\ua789\ufe30",
+    ':': "\u02d0\u02f8\u0589\u0903\u0a83\u16ec\u1803\u1809\u205a\u2236\ua4fd\ua789",
     '<': "\u02c2\u1438\u16b2\u2039\u276e\U0001d236",
     '=': "\u1400\u2e40\u30a0\ua4ff",
     '>': "\u02c3\u1433\u203a\u276f\U00016f3f\U0001d237",
@@ -51,7 +51,7 @@ CONFUSABLES: dict[str, str] = {
     'L': "\u13de\u14aa\u2cd0\ua4e1\U0001041b\U00010526\U000118a3\U000118b2\U00016f16\U0001d22a",
     'M': "\u039c\u03fa\u041c\u13b7\u15f0\u16d6\u2c98\ua4df\U000102b0\U00010311\U0001d6b3\U0001d6ed\U0001d727\U0001d761\U0001d79b",
     'N': "\u039d\u2c9a\ua4e0\U00010513\U0001d6b4\U0001d6ee\U0001d728\U0001d762\U0001d79c",
-    'O': "\u039f\u041e\u0555\u09e6\u0b20\u0b66\u12d0\u2c9e\u2d54\u3007\ua4f3\U00010292\U000102ab\U00010404\U000104c2\U00010516\U000114d0\U000118b5\U000118e0\U0001d6b6\U0001d6f0\U0001d72a\U0001d764\U0001d79e\U0001d7ce\U0001d7d8\U0001d7e2\U0001d7ec\U0001d7f6\U0001fbf0",
+    'O': "\u039f\u041e\u0555\u09e6\u0b20\u0b66\u12d0\u2c9e\u2d54\u3007\ua4f3\U00010292\U000102ab\U00010404\U000104c2\U00010516\U000114d0\U000118b5\U000118e0\U0001d6b6\U0001d6f0\U0001d72a\U0001d764\U0001d79e",
     'P': "\u03a1\u0420\u13e2\u146d\u2ca2\ua4d1\U00010295\U0001d6b8\U0001d6f2\U0001d72c\U0001d766\U0001d7a0",
     'Q': "\u2d55",
     'R': "\u01a6\u13a1\u13d2\u1587\ua4e3\U000104b4\U00016f35\U0001d216",
@@ -69,12 +69,12 @@ CONFUSABLES: dict[str, str] = {
     'c': "\u03f2\u0441\u1d04\u2ca5\uabaf\U0001043d",
     'd': "\u0501\u13e7\u146f\ua4d2",
     'e': "\u0435\u04bd\u212e\uab32",
-    'f': "\u017f\u0584\u1e9d\ua799\uab35",
+    'f': "\u0584\u1e9d\ua799\uab35",
     'g': "\u018d\u0261\u0581\u1d83",
     'h': "\u04bb\u0570\u13c2",
     'i': "\u0131\u0269\u026a\u02db\u037a\u03b9\u0456\u04cf\u13a5\u1fbe\u2373\ua647\uab75\U000118c3\U0001d6a4\U0001d6ca\U0001d704\U0001d73e\U0001d778\U0001d7b2",
     'j': "\u03f3\u0458",
-    'l': "\u0196\u01c0\u0399\u0406\u04c0\u06f1\u16c1\u2110\u2111\u2160\u2223\u23fd\u2c92\u2d4f\ua4f2\uff29\uffe8\U0001028a\U00010309\U00010320\U00016f28\U0001d408\U0001d43c\U0001d470\U0001d4d8\U0001d540\U0001d574\U0001d5a8\U0001d5dc\U0001d610\U0001d644\U0001d678\U0001d6b0\U0001d6ea\U0001d724\U0001d75e\U0001d798\U0001d7cf\U0001d7d9\U0001d7e3\U0001d7ed\U0001d7f7\U0001fbf1",
+    'l': "\u0196\u01c0\u0399\u0406\u04c0\u06f1\u16c1\u2223\u23fd\u2c92\u2d4f\ua4f2\uffe8\U0001028a\U00010309\U00010320\U00016f28\U0001d6b0\U0001d6ea\U0001d724\U0001d75e\U0001d798",
     'n': "\u0578\u057c",
     'o': "\u03bf\u03c3\u043e\u0585\u06f5\u0966\u0a66\u0ae6\u0be6\u0c02\u0c66\u0c82\u0ce6\u0d02\u0d20\u0d66\u0d82\u0e50\u0ed0\u101d\u1040\u10ff\u1d0f\u1d11\u2c9f\uab3d\U0001042c\U000104ea\U000118c8\U000118d7\U0001d6d0\U0001d6d4\U0001d70a\U0001d70e\U0001d744\U0001d748\U0001d77e\U0001d782\U0001d7b8\U0001d7bc",
     'p': "\u03c1\u03f1\u0440\u2374\u2ca3\U0001d6d2\U0001d6e0\U0001d70c\U0001d71a\U0001d746\U0001d754\U0001d780\U0001d78e\U0001d7ba\U0001d7c8",
@@ -98,7 +98,7 @@ def table(path: str) -> dict[str, str]:
     for key, entries in json.loads(open(path, encoding="utf-8").read()).items():
         for entry in entries:
             for ascii, other in ((key, entry["c"]), (entry["c"], key)):
-                if len(ascii) == 1 and ascii in TARGETS and len(other) == 1 and not other.isascii() and unicodedata.normalize("NFKC", other) != ascii:
+                if len(ascii) == 1 and ascii in TARGETS and len(other) == 1 and not unicodedata.normalize("NFKC", other).isascii():
                     found.setdefault(ascii, set()).add(other)
     return {a: "".join(sorted(chars)) for a, chars in sorted(found.items())}
 

@@ -64,8 +64,9 @@ _LOOKALIKES = {"\\": "\u2216\u29f5\u29f9\ufe68", "<": "\u2039\u1438\u27e8\u2329\
                "h": "\u04bb\u043d\u03b7\u041d\u0397", "i": "\u0456\u0131\u0269\u03b9\u04cf\u01c0\u0406\u0399\u04c0",
                "k": "\u043a\u03ba\u0138\u041a\u039a", "n": "\u0578\u03bd\u039d", "o": "\u043e\u03bf\u0585\u1d0f\u041e\u039f",
                "r": "\u0433\u1d26\u0280", "s": "\u0455\ua731\u0405", "t": "\u0442\u03c4\u0422\u03a4", "x": "\u0445\u03c7\u00d7\u0425\u03a7"}
-# Each listed look-alike, then each of Unicode's confusables, to the ASCII character it passes for.
-_AS_ASCII = {c: ascii for table in (CONFUSABLES, _LOOKALIKES) for ascii, chars in table.items() for c in chars}
+# Each listed look-alike, and each of Unicode's confusables, to the ASCII character it passes for.
+_LISTED = {c: ascii for ascii, chars in _LOOKALIKES.items() for c in chars}
+_CONFUSABLE = {c: ascii for ascii, chars in CONFUSABLES.items() for c in chars}
 # Stands for an invisible character in the folded text (`_folded`); NUL, itself invisible.
 _GAP = "\x00"
 # A name of a Latin letter of another form (small capitals, turned, ...) that passes for one letter.
@@ -75,8 +76,8 @@ _LATIN_NAME = re.compile(r"^LATIN (?:LETTER |SMALL |CAPITAL )*?(?:SMALL CAPITAL|
 def _fold_char(code: int) -> str:
     """One character as a lenient reader reads it (see the module docstring): one character."""
     char = chr(code)
-    if char in _AS_ASCII:
-        return _AS_ASCII[char]
+    if char in _LISTED:
+        return _LISTED[char]
     category = unicodedata.category(char)
     if category in ("Cf", "Mn", "Me") or char in _INVISIBLE_EXTRA:
         return _GAP
@@ -86,6 +87,8 @@ def _fold_char(code: int) -> str:
         folded = "".join(c for c in unicodedata.normalize(form, char) if not unicodedata.combining(c))
         if len(folded) == 1 and folded.isascii():
             return folded
+    if char in _CONFUSABLE:
+        return _CONFUSABLE[char]
     named = _LATIN_NAME.match(unicodedata.name(char, ""))
     return named.group(1).lower() if named else char
 
@@ -114,10 +117,14 @@ def _folded(text: str) -> str:
     return text if text.isascii() else text.translate(_FOLD)
 
 
+# Letters a reader takes for one another (Unicode's confusables read many an I as l).
+_ALIKE = {"i": "[il1|]", "l": "[il1|]", "o": "[o0]"}
+
+
 def _spelt(word: str) -> str:
-    """A pattern for `word` in folded text: its letters, with spaces or invisible characters
-    between them (`[H I N T]`, `b\u200boxed`)."""
-    return f"[\\s{_GAP}]*".join(re.escape(c) for c in word)
+    """A pattern for `word` in folded text: its letters (or the ones read as them), with spaces or
+    invisible characters between them (`[H I N T]`, `b\u200boxed`, `[HlNT]`)."""
+    return f"[\\s{_GAP}]*".join(_ALIKE.get(c, re.escape(c)) for c in word)
 
 
 def _phrase(words: str) -> str:
