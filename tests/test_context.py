@@ -6,7 +6,6 @@ real tokenizer and official chat template (opd.fixture.families)."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 

@@ -11,7 +11,8 @@ tokenizer splits it, and the call is read by vLLM's parser of that format.
 
 The record holds exactly the ids vLLM sampled (never re-tokenised text) with their logprobs;
 the inserted tool responses are masked (-100) and carry no logprob. Generation is bounded by
-`max_tool_calls`, `max_new_tokens` and the server's context length.
+`max_tool_calls`, `max_new_tokens` and the server's context length, and a tool response is cut to
+what the context has left (`opd.agent.context`).
 """
 
 from __future__ import annotations
