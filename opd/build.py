@@ -80,6 +80,10 @@ def preflight(cfg: Config, model: str) -> None:
     if cfg.server.kind == "vllm":
         check_servers(list(cfg.server.base_urls), model, "server.base_urls", "server.model")
     if cfg.judge.kind == "server":
+        if cfg.judge.tokenizer is not None:  # the judge's own tokenizer: what its quoted text is defused for
+            from opd.serving.model_lookup import find_model
+
+            find_model(cfg.judge.tokenizer, "judge.tokenizer")
         check_servers([cfg.judge.base_url], cfg.judge.model, "judge.base_url", "judge.model")
 
 

@@ -320,6 +320,8 @@ BAD_RUNS = [
     (["server=vllm", "server.model=fixture", "server.base_urls=[http://no-such-host.invalid:8000/v1]"], "server.base_urls: nothing answers at"),
     (["env=opd_coding", "judge=server", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=j", "server=vllm", "server.model=fixture",
       "server.base_urls=[http://127.0.0.1:9/v1]", "server.unreachable_timeout_s=300"], "server.base_urls: nothing answers"),
+    (["env=opd_coding", "judge=server", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=j", "judge.tokenizer=/no/such/judge"],
+     "judge.tokenizer='/no/such/judge': no such directory"),
     (["trainer=local", "trainer.opd_clamp=0"], "trainer.opd_clamp must be > 0 or null (unbounded), got 0"),
     (["trainer=local", "trainer.equal_score_groups=ignore"], "trainer.equal_score_groups must be one of ['drop', 'keep']"),
     (["trainer=local", "trainer.refresh_check.tolerance=0.5"], "trainer.refresh_check.tolerance must be >= 1.0"),

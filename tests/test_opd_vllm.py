@@ -11,7 +11,7 @@ import helpers
 from opd.config import ConfigError
 from opd.distill.teacher import with_hint
 from opd.envs import coding_prompt
-from opd.records import DISTILL_PAD_ID, check_group, read_groups
+from opd.records import DISTILL_PAD_ID, MASK, check_group, read_groups
 from opd.serving.vllm_client import VLLMClient
 from opd.records.__main__ import check_file as validate_file
 
@@ -68,9 +68,11 @@ def test_stored_rows_equal_a_fresh_teacher_scoring(opd_run: Path, fixture_model:
         (g, i, t) for g in groups for i, d in enumerate(g["overrides"]) for t in d["opd_turns"] if t["scored"]
     )
     start, end = turn["span"]
+    # The teacher's prompt: the task's prompt again with the hint, then the record's own ids up to the turn.
     context = group["messages"][seq][: turn["message_index"]]
-    prompt = tokenizer.apply_chat_template(with_hint(context, turn["hint"], "last_user"), tools=coding_prompt.TOOLS, add_generation_prompt=True, tokenize=False)
-    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    first = next(p for p, m in enumerate(group["masks"][seq]) if m != MASK)
+    prompt = tokenizer.apply_chat_template(with_hint(context[:2], turn["hint"], "last_user"), tools=coding_prompt.TOOLS, add_generation_prompt=True, tokenize=False)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False) + group["tokens"][seq][first:start]
     student = group["tokens"][seq][start:end]
     server = VLLMClient(vllm_url, fixture_model, timeout_s=60)
 

@@ -48,6 +48,19 @@ def test_each_misalignment_is_reported() -> None:
         assert any(expected in p for p in problems), (expected, problems)
 
 
+def test_a_sequence_longer_than_the_runs_context_is_refused() -> None:
+    """The group says the run's context (`generation_params.max_model_len`); no sequence passes it."""
+    group = good_group()
+    group["generation_params"]["max_model_len"] = 4
+    assert check_group(group) == [] and is_valid(group)
+    group["generation_params"]["max_model_len"] = 3
+    assert check_group(group) == ["tokens[0] has 4 tokens, more than the run's context (generation_params.max_model_len=3)"]
+    assert not is_valid(group) and not reference_valid(group)
+    for bad in (0, -1, 2.5, "4096", True):
+        group["generation_params"]["max_model_len"] = bad
+        assert any("max_model_len must be a positive int" in p for p in check_group(group)), bad
+
+
 def test_writer_flushes_each_group_and_handles_numpy(tmp_path) -> None:
     path = tmp_path / "groups.jsonl"
     writer = GroupWriter(path)
@@ -249,6 +262,10 @@ def reference_valid(group) -> bool:
     if distill and not (isinstance(ids, list) and isinstance(tlps, list) and len(ids) == len(tlps) == n):
         return False
     if not reference_fields_valid(group):
+        return False
+    params = group.get("generation_params")
+    limit = params.get("max_model_len") if isinstance(params, dict) else None
+    if limit is not None and (type(limit) is not int or limit < 1 or any(isinstance(t, list) and len(t) > limit for t in group["tokens"])):
         return False
     ks = set()
     for i in range(n):

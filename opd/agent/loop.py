@@ -4,7 +4,8 @@ Each assistant turn is generated from the ids of everything so far; the ids vLLM
 the end-of-turn token it sampled) are kept, trained and logprob'd; tool results and the next
 generation prompt are the template's own continuation (`opd.agent.chat_tokens`), masked. A turn
 with no tool call ends the rollout. Malformed or unknown tool calls get an error message back as
-their result; the rollout goes on.
+their result; the rollout goes on. Tool results are cut to what the context has left, so the
+sequence never passes `max_model_len` (`opd.agent.context`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser, harmony_message
-from opd.agent.chat_tokens import continuation_ids, mistral_call_id, special_ids
+from opd.agent.chat_tokens import mistral_call_id, special_ids
+from opd.agent.context import fit_tool_results, room_for_insert
 from opd.agent.tool_calls import ToolCall, ToolCallError, run_parsed_call
 from opd.latency import phase
 from opd.records import Sequence
@@ -103,9 +105,15 @@ async def run_agent(
             rollout.finish = "max_turns"
             break
         end_token = tokenizer.convert_ids_to_tokens(turn_ids[-1])
+        # The results are cut to what the context has left (opd.agent.context), or end the rollout.
+        room = room_for_insert(limits.max_model_len, len(rollout.sequence.tokens), limits.max_tokens_per_turn)
         with phase("prompt"):
-            rollout.sequence.add_inserted(continuation_ids(tokenizer, rollout.messages, tool_messages, tools, fmt.render_kwargs, end_token))
+            inserted = fit_tool_results(tokenizer, rollout.messages, tool_messages, tools, fmt.render_kwargs, end_token, room)
         rollout.messages += tool_messages
+        if inserted is None:
+            rollout.finish = "context"
+            break
+        rollout.sequence.add_inserted(inserted)
     return rollout
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from omegaconf import MISSING
 
@@ -32,6 +33,7 @@ class JudgeServerConfig(JudgeConfig):
     model: str = checked(nonempty("set when judge.kind=server"))
     api_key: str = MISSING
     keepalive_s: float = checked(at_least(0.1))
+    tokenizer: Optional[str] = checked(nonempty("a model directory or hub name"), null="judge.model when it is a local directory or a cached hub model")
 
 
 @relation(JudgeServerConfig)

@@ -2,9 +2,15 @@
 
 A vote counts only when the judge finished it: one cut off at `max_tokens` may stop inside a
 quote, so it is discarded (unparseable) and counted. A vote whose hint repeats text the policy put
-between hint markers in the turn or the state (however it spelt the markers and the hint:
-look-alike or invisible characters, case and spacing do not count) is the policy's verdict, not
-the judge's: it is discarded too (unparseable) and counted.
+between hint markers in the turn or the state, exactly or nearly (however it spelt the markers and
+the hint: look-alike or invisible characters, case, spacing and punctuation do not count, and a
+word added or changed in five does not make it the judge's own: `planted_copy`) is the policy's
+verdict, not the judge's: it is discarded too (unparseable) and counted.
+
+The decision rule weighs recall against robustness: `any` (the reference's) hints a turn when one
+vote of `votes` says 1, so it hints the most turns, but one vote that the policy's text steered
+decides and its hint can win; `majority` needs more 1 than -1 among parseable votes, so a policy
+must steer most votes; `unanimous` hints only what every vote agrees on.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from opd.config import JudgeConfig
-from opd.distill.judge_prompt import Vote, judge_messages, parse_vote, quoted_hints, same_hint
+from opd.distill.judge_prompt import Vote, judge_messages, parse_vote, planted_copy, quoted_hints
 from opd.distill.turn_pairs import TurnPair
 from opd.serving.vllm_client import ChatReply
 
@@ -33,7 +39,7 @@ class Judgement:
     hint: str | None = None
     failed: int = 0  # votes whose request failed (each also counts as unparseable, as in the reference)
     cut_off: int = 0  # votes cut off at max_tokens (each also counts as unparseable)
-    planted: int = 0  # votes discarded because their hint is one the policy wrote between hint markers
+    planted: int = 0  # votes discarded because their hint is (nearly) one the policy wrote between hint markers
 
     @property
     def unparseable(self) -> int:
@@ -69,7 +75,7 @@ async def judge_pair(pair: TurnPair, chat: ChatFn, cfg: JudgeConfig) -> Judgemen
     judgement = Judgement(failed=sum(r is None for r in replies), cut_off=sum(r is not None and r.finish_reason == CUT_OFF for r in replies))
     for reply in replies:
         vote = Vote(None, "") if reply is None or reply.finish_reason == CUT_OFF else parse_vote(reply.text)
-        if vote.hint and same_hint(vote.hint) in planted:  # the policy's verdict, repeated: not a vote of the judge's
+        if vote.hint and planted_copy(vote.hint, planted):  # the policy's verdict, repeated: not a vote of the judge's
             judgement.planted += 1
             vote = Vote(None, "")
         judgement.votes.append(vote)

@@ -56,10 +56,11 @@ class JudgedPair:
     rows: TeacherRows | None
 
 
-async def judge_and_score(seq_index: int, pair: TurnPair, turn_ids: list[int], *, tokenizer: Any, tools: list[dict] | None,
+async def judge_and_score(seq_index: int, pair: TurnPair, ids: list[int], prompt_len: int, *, tokenizer: Any, tools: list[dict] | None,
                           chat: ChatFn, score: ScoreFn, opd: OPDConfig, judge: JudgeConfig, failures: FailureLog, semaphore: asyncio.Semaphore,
                           template_kwargs: dict[str, Any] | None = None) -> JudgedPair:
-    """Judge one pair; if the judge gives a hint, score the turn's ids with the hinted teacher."""
+    """Judge one pair; if the judge gives a hint, score the turn's ids with the hinted teacher
+    (`ids`: the sequence's ids up to the turn's end; `prompt_len`: how many of them are the prompt)."""
     record: dict[str, Any] = {
         "span": [pair.span.start, pair.span.end],
         "message_index": pair.span.message_index,  # the turn in `messages`; its context is what precedes it
@@ -78,7 +79,8 @@ async def judge_and_score(seq_index: int, pair: TurnPair, turn_ids: list[int], *
         return JudgedPair(seq_index, pair, record, None)
     try:
         async with semaphore:
-            rows = await score_turn(tokenizer, pair.context, tools, turn_ids, judgement.hint, opd.hint_placement, opd.topk, score, template_kwargs, opd.hint_header)
+            rows = await score_turn(tokenizer, pair.context, tools, ids[pair.span.start : pair.span.end], judgement.hint, opd.hint_placement, opd.topk, score,
+                                    template_kwargs, opd.hint_header, context_ids=ids[: pair.span.start], prompt_len=prompt_len)
     except Exception as err:
         record["error"] = failures.record("teacher scoring", err)
         return JudgedPair(seq_index, pair, record, None)
@@ -140,9 +142,10 @@ async def apply_opd(
     pairs = [(i, pair) for i, r in enumerate(rollouts) for pair in turn_pairs(r, opd.max_state_chars, opd.max_response_chars, opd.response_cut)]
 
     async def one(seq_index: int, pair: TurnPair) -> JudgedPair:
-        turn_ids = rollouts[seq_index].sequence.tokens[pair.span.start : pair.span.end]
+        rollout = rollouts[seq_index]
+        ids = rollout.sequence.tokens[: pair.span.end]
         with tracer.attach(trace_roots[seq_index] if trace_roots else None):
-            return await judge_and_score(seq_index, pair, turn_ids, tokenizer=tokenizer, tools=tools, chat=chat, score=score,
+            return await judge_and_score(seq_index, pair, ids, rollout.turns[0].start, tokenizer=tokenizer, tools=tools, chat=chat, score=score,
                                          opd=opd, judge=judge, failures=failures, semaphore=semaphore,
                                          template_kwargs=template_kwargs)
 

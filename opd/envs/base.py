@@ -224,7 +224,8 @@ class RolloutEnv:
             advantages=None,
             ref_logprobs=None,
             messages=messages,
-            generation_params={"temperature": self.temperature, **self.sampling, **generation_params},
+            # max_model_len: the run's context, which no sequence passes (a record rule checks it).
+            generation_params={"temperature": self.temperature, **self.sampling, "max_model_len": self.max_model_len, **generation_params},
             # Which environment wrote the group: readers (the viewer) go by it, not by the record's shape.
             group_overrides={"env": self.name, "item_id": item["id"], **(group_overrides or {})},
             overrides=details,

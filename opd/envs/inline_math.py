@@ -11,7 +11,8 @@ tokenizer splits it, and the call is read by vLLM's parser of that format.
 
 The record holds exactly the ids vLLM sampled (never re-tokenised text) with their logprobs;
 the inserted tool responses are masked (-100) and carry no logprob. Generation is bounded by
-`max_tool_calls`, `max_new_tokens` and the server's context length.
+`max_tool_calls`, `max_new_tokens` and the server's context length, and a tool response is cut to
+what the context has left (`opd.agent.context`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from opd import latency
 from opd.agent.chat_tokens import holds_added_token
+from opd.agent.context import fit_result, room_for_insert
 from opd.agent.tool_calls import ToolCallError, run_parsed_call
 from opd.config import InlineMathEnvConfig, InlineMathRewardConfig
 from opd.distill.teacher import TeacherRows
@@ -138,7 +140,10 @@ class InlineMathEnv(RolloutEnv):
                 rollout.finish = "tool_after_think"
                 return rollout
             with latency.phase("tool"):
-                await self._answer_call(rollout, calls[-1] if calls else ToolCallError(f"{end} without {self.chat_format.call_start}"))
+                inserted = await self._answer_call(rollout, calls[-1] if calls else ToolCallError(f"{end} without {self.chat_format.call_start}"))
+            if not inserted:  # not even an emptied response fits the context
+                rollout.finish = "context"
+                return rollout
             since, since_id = len(rollout.text), len(rollout.sequence.tokens)
         rollout.finish = "max_new_tokens" if rollout.generated_tokens >= self.cfg.max_new_tokens else "context"
         return rollout
@@ -146,8 +151,10 @@ class InlineMathEnv(RolloutEnv):
     def _budget(self, rollout: Rollout) -> int:
         return min(self.cfg.max_tokens_per_segment, self.cfg.max_new_tokens - rollout.generated_tokens, self.max_model_len - len(rollout.sequence.tokens))
 
-    async def _answer_call(self, rollout: Rollout, call: Any) -> None:
-        """Run the call the text ends with (or refuse it) and insert its response, masked."""
+    async def _answer_call(self, rollout: Rollout, call: Any) -> bool:
+        """Run the call the text ends with (or refuse it) and insert its response, masked, its
+        text cut to what the context has left (`opd.agent.context`); False when not even an
+        emptied response fits (nothing inserted)."""
         if rollout.tool_calls_run >= self.cfg.max_tool_calls:
             outcome = ToolOutcome("malformed", error=f"tool call limit ({self.cfg.max_tool_calls}) reached; give the final answer now")
         else:
@@ -155,12 +162,18 @@ class InlineMathEnv(RolloutEnv):
         rollout.tool_calls_run += outcome.ran
         rollout.tool_errors += outcome.status != "ok"
         shown = outcome.content if outcome.content is not None else {"error": outcome.error}
-        response = self.chat_format.response_text(shown)
+        room = room_for_insert(self.max_model_len, len(rollout.sequence.tokens), self.cfg.max_tokens_per_segment)
         # The tool's output is text: a program that prints a control token's text gets ordinary tokens.
-        rollout.sequence.add_inserted(self.chat_format.response_ids(self.tokenizer, shown))
+        fitted = fit_result(lambda result: self.chat_format.response_ids(self.tokenizer, result), shown, room)
+        if fitted is None:
+            return False
+        shown, ids = fitted
+        response = self.chat_format.response_text(shown)
+        rollout.sequence.add_inserted(ids)
         rollout.inserted_control_text |= holds_added_token(self.tokenizer, json.dumps(shown, ensure_ascii=False))
         rollout.text += response
         rollout.written += "\n"
+        return True
 
     async def score(self, rollout: Rollout, answer: str) -> Scored:
         end = self.chat_format.reasoning_end

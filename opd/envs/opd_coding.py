@@ -16,9 +16,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opd import latency
-from opd.agent.chat_tokens import defuse
 from opd.agent.loop import AgentLimits, AgentRollout, run_agent
 from opd.config import ConfigError, JudgeConfig, OPDCodingEnvConfig, OPDCodingRewardConfig
+from opd.distill.judge_tokens import judge_defuser
 from opd.distill.pipeline import FailureLog, apply_opd
 from opd.distill.teacher import TeacherRows
 from opd.envs import coding_prompt
@@ -49,6 +49,9 @@ class OPDCodingEnv(RolloutEnv):
         self.rubric = self.build_rubric(reward)
         self.system_prompt = cfg.system_prompt or coding_prompt.SYSTEM_PROMPT
         self.judge_pool = judge_pool or self.server
+        # The server tokenizes the judge's prompt itself: what it quotes is defused for the judge's
+        # own tokenizer (judge=server: another family's, opd.distill.judge_tokens) and the policy's.
+        self.judge_defuse = judge_defuser(judge, self.tokenizer)
         self.limits = AgentLimits(cfg.max_turns, cfg.max_tokens_per_turn, self.max_model_len)
         self.failures = FailureLog()
 
@@ -84,7 +87,7 @@ class OPDCodingEnv(RolloutEnv):
         extra = {"chat_template_kwargs": dict(self.chat_format.template_kwargs)} if self.judge_pool is self.server and self.chat_format.template_kwargs else {}
         # The server tokenizes the judge's prompt itself: a turn or a tool's output that holds a
         # control token's text must not become that token there.
-        messages = [{**m, "content": defuse(self.tokenizer, m["content"])} if isinstance(m.get("content"), str) else m for m in messages]
+        messages = [{**m, "content": self.judge_defuse(m["content"])} if isinstance(m.get("content"), str) else m for m in messages]
 
         async def one(count: int) -> list[ChatReply | None]:
             with self.tracer.span("judge", "LLM", {"messages": messages, "votes": count}) as span:

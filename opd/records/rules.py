@@ -175,6 +175,23 @@ def details_line_up_with_sequences(group: dict[str, Any]) -> str | None:
     return None
 
 
+@rule("field")
+def sequences_fit_the_context(group: dict[str, Any]) -> str | None:
+    """No sequence is longer than the context of the run that wrote it
+    (`generation_params.max_model_len`, the server's `--max-model-len`): a trainer or atroposlib
+    (`max_token_length`) cannot take one that is."""
+    params = group.get("generation_params")
+    limit = params.get("max_model_len") if isinstance(params, dict) else None
+    if limit is None:
+        return None
+    if type(limit) is not int or limit < 1:
+        return f"generation_params.max_model_len must be a positive int, not {limit!r}"
+    for i, tokens in enumerate(group["tokens"]):
+        if isinstance(tokens, list) and len(tokens) > limit:
+            return f"tokens[{i}] has {len(tokens)} tokens, more than the run's context (generation_params.max_model_len={limit})"
+    return None
+
+
 # ---- shape rules (per sequence; each may fill the view) ------------------------------------
 
 
