@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import pytest
 
+from opd.serving.weights import ServedWeights
+
 from conftest import ROOT, compose
 from helpers import make_group, sequence
 
@@ -127,6 +129,7 @@ class _Tokenizer:
 
 class _EvalEnv:
     request_errors = 0
+    served_weights = ServedWeights()
 
     async def evaluate(self, **kwargs: Any) -> Any:
         from opd.envs.base import EvalReport
