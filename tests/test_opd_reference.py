@@ -183,3 +183,28 @@ def test_on_average_the_sampled_token_gradient_is_the_full_reverse_kl_gradient_a
     assert float((flat(estimated) - flat(exact)).norm() / flat(exact).norm()) < 0.25
     _, shifted = trainer_gradient(student_dir, records(student, teacher, sequences, shift=1), {"opd_advantage": 1.0})
     assert cosine(flat(shifted), flat(exact)) < 0.5
+
+
+def test_the_policy_gradient_term_is_grpos_clipped_surrogate_with_group_normalised_advantages(pair) -> None:
+    """The same independent check for the reward's term (arm=grpo): each rollout's advantage is
+    its score minus the group's mean over the group's (population) standard deviation, and the
+    loss the token mean of -advantage x the ratio to the sampler, whose gradient at ratio 1 is
+    -advantage x the gradient of the token's logprob."""
+    from transformers import AutoModelForCausalLM
+
+    student_dir, student, teacher = pair
+    sequences = sample(student, 8, 5, seed=3)
+    scores = [1.0, -1.0, -1.0, 0.5, -3.0, -1.0, 1.0, -1.0]
+    (group,) = records(student, teacher, sequences)
+    group["scores"] = scores
+    loss, grads = trainer_gradient(student_dir, [group], {"pg": 1.0})
+    mean = sum(scores) / len(scores)
+    std = (sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5
+    advantages = torch.tensor([(s - mean) / std for s in scores]).unsqueeze(-1)
+    model = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32)
+    lp = next_token_logprobs(model, sequences)[:, len(PROMPT) - 1 : -1].gather(-1, torch.tensor(sequences)[:, len(PROMPT) :].unsqueeze(-1))[..., 0]
+    ref = -(advantages * torch.exp(lp - lp.detach())).mean()
+    ref.backward()
+    assert loss == pytest.approx(float(ref.detach()), rel=1e-4, abs=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-3, atol=1e-6, msg=name)
