@@ -33,10 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from experiments import gap
+from opd.cli import fail
+from opd.config import ConfigError
 
 logger = logging.getLogger("experiments.compare")
 
 DEFAULT_URI = "sqlite:///outputs/mlflow.db"
+# Where `mlflow ui` serves unless told otherwise.
+DEFAULT_UI = "http://127.0.0.1:5000"
 
 
 @dataclass
@@ -78,7 +82,8 @@ def _number(text: Any) -> float | None:
 
 
 def locate(target: str, tracking_uri: str) -> tuple[str, str]:
-    """(parent run id, tracking URI) from a sweep dir (its opd_sweep.json) or a run id."""
+    """(parent run id, tracking URI) from a sweep dir (its opd_sweep.json) or a run id, once the
+    store is there to read; a ConfigError naming what was given otherwise."""
     from opd.sweep.state import read_state
     from opd.tracking.mlflow_run import absolute_tracking_uri
 
@@ -86,9 +91,28 @@ def locate(target: str, tracking_uri: str) -> tuple[str, str]:
     if path.is_dir():
         state = read_state(path)
         if state is None or not state.parent_run_id:
-            raise SystemExit(f"{path} is not a tracked sweep directory (no opd_sweep.json with a parent run)")
-        return state.parent_run_id, str(state.tracking_uri)
-    return target, absolute_tracking_uri(tracking_uri)
+            raise ConfigError(f"{target}: not a tracked sweep directory (no opd_sweep.json with a parent run); give a sweep directory "
+                              "(outputs/sweeps/<date>/<time>) or a sweep's parent run id", "target")
+        return state.parent_run_id, readable_store(str(state.tracking_uri), f"{target}'s store")
+    if path.exists() or not re.fullmatch(r"[\w-]+", target):
+        raise ConfigError(f"{target}: no such sweep directory; give a sweep directory (outputs/sweeps/<date>/<time>) or a sweep's parent run id",
+                          "target")
+    return target, readable_store(absolute_tracking_uri(tracking_uri), "--tracking-uri")
+
+
+def readable_store(uri: str, option: str) -> str:
+    """`uri` once it is an MLflow store there to read (a sqlite file that exists, a server that
+    answers as MLflow: `opd.tracking.store.check_store`); else a ConfigError naming `option`."""
+    from opd.tracking.store import check_store, sqlite_path
+
+    database = sqlite_path(uri)
+    if uri.startswith("sqlite:") and database is not None and not database.is_file():
+        raise ConfigError(f"{option}: no MLflow store at {database} ({uri})", option)
+    try:
+        check_store(uri, None)
+    except ConfigError as err:
+        raise ConfigError(f"{option}: {str(err).removeprefix('tracking.uri: ')}", option) from None
+    return uri
 
 
 def load(parent_run_id: str, tracking_uri: str) -> Sweep:
@@ -99,12 +123,12 @@ def load(parent_run_id: str, tracking_uri: str) -> Sweep:
     try:
         parent = client.get_run(parent_run_id)
     except mlflow.exceptions.MlflowException as err:
-        raise SystemExit(f"no run {parent_run_id!r} in {tracking_uri}: {err.message}") from None
+        raise ConfigError(f"{parent_run_id}: no such run in {tracking_uri} ({err.message})", "target") from None
     swept = [key for key in parent.data.tags.get("opd.swept", "").split(",") if key]
     experiment_id = parent.info.experiment_id
     children = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000)
     if not children:
-        raise SystemExit(f"run {parent_run_id} has no child runs: is it a sweep's parent run?")
+        raise ConfigError(f"{parent_run_id}: run {parent_run_id} has no child runs; is it a sweep's parent run?", "target")
     rows = []
     for child in children:
         row: dict[str, Any] = {"run": child.info.run_name, "status": child.info.status}
@@ -494,18 +518,40 @@ def _public(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]
 
 
+def ui_base(tracking_uri: str, ui: str | None) -> str:
+    """Where the MLflow UI of the sweep's store is: `ui` when given; an MLflow server serves its UI
+    at its own address (the tracking URI); a store without a server (sqlite, files) has the UI
+    that `mlflow ui` serves, by default at http://127.0.0.1:5000."""
+    if ui:
+        return ui.rstrip("/")
+    if tracking_uri.startswith(("http://", "https://")):
+        parts = urllib.parse.urlsplit(tracking_uri)
+        return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path.rstrip("/"), "", ""))
+    return DEFAULT_UI
+
+
+def ui_command(tracking_uri: str, base: str) -> str | None:
+    """The `mlflow ui` command that serves `base` for a store without a server (None: the store
+    is a server, whose UI is already there)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return None
+    parts = urllib.parse.urlsplit(base)
+    return f"mlflow ui --backend-store-uri {tracking_uri} --host {parts.hostname or '127.0.0.1'} --port {parts.port or 5000}"
+
+
 def ui_address(sweep: Sweep, host: str) -> str:
-    """The MLflow UI's compare view of the sweep's runs."""
+    """The MLflow UI's compare view of the sweep's runs, in the UI's machine-learning view."""
     runs = urllib.parse.quote(json.dumps(sweep.run_ids, separators=(",", ":")))
     experiments = urllib.parse.quote(json.dumps([sweep.experiment_id], separators=(",", ":")))
-    return f"{host.rstrip('/')}/#/compare-runs?runs={runs}&experiments={experiments}"
+    return f"{host.rstrip('/')}/#/compare-runs?runs={runs}&experiments={experiments}&workflowType=machine_learning"
 
 
-def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None = None, ui: str = "http://127.0.0.1:5000") -> tuple[Sweep, Path, Path, str]:
-    """Build the table, CSV and plot, log them to the parent run; return (sweep, csv, png, UI address)."""
+def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None = None, ui: str | None = None) -> tuple[Sweep, Path, Path, str]:
+    """Build the table, CSV and plot, log them to the parent run; return (sweep, csv, png, UI
+    address: `ui`, or the store's own, `ui_base`)."""
+    parent_run_id, uri = locate(target, tracking_uri)  # before MLflow's import: a bad target fails in a second
     import mlflow
 
-    parent_run_id, uri = locate(target, tracking_uri)
     sweep = load(parent_run_id, uri)
     if out_dir is None:
         out_dir = Path(target) if Path(target).is_dir() else Path("outputs/compare") / parent_run_id
@@ -534,7 +580,7 @@ def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None =
         logger.warning("this sweep varies reward weights and is ranked by %s, a reward those weights scale: the ranking says nothing about "
                        "the data. Rank by held-out accuracy: trainer=local eval.every=N (the default objective then), or sweep.objective=accuracy.",
                        sweep.objective)
-    return sweep, csv_path, png_path, ui_address(sweep, ui)
+    return sweep, csv_path, png_path, ui_address(sweep, ui_base(uri, ui))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -542,10 +588,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("target", help="a sweep directory (outputs/sweeps/<date>/<time>) or a sweep's parent run id")
     parser.add_argument("--tracking-uri", default=DEFAULT_URI, help="MLflow store for a run id (a sweep dir knows its own)")
     parser.add_argument("--out", type=Path, default=None, help="where compare.csv/png go (default: the sweep dir)")
-    parser.add_argument("--ui", default="http://127.0.0.1:5000", help="address of the MLflow UI (`mlflow ui` serves on port 5000)")
+    parser.add_argument("--ui", default=None, help="address of the MLflow UI, for its links (default: the tracking server's own address, "
+                        f"or where `mlflow ui` serves a sqlite store: {DEFAULT_UI})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    sweep, csv_path, png_path, address = compare(args.target, args.tracking_uri, args.out, args.ui)
+    if args.ui and not re.match(r"https?://[^/\s]+", args.ui):
+        fail(f"--ui={args.ui!r}: give the UI's address, such as http://127.0.0.1:5000")
+    try:
+        sweep, csv_path, png_path, address = compare(args.target, args.tracking_uri, args.out, args.ui)
+    except ConfigError as err:
+        fail(str(err))
     sys.stdout.write(table(sweep.rows) + "\n\n")
     if (tie := sweep.tie()) is not None:
         sys.stdout.write(f"every job tied: {sweep.objective} = {tie:.4g} in all {len(sweep.rows)}, so the order above means nothing; "
@@ -569,7 +621,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("(compare_gap.csv; the curves against optimiser steps, rollouts and wall time in compare_gap.png, the reverse KL "
                          "to the teacher on fresh samples in compare_kl.png)\n\n")
     sys.stdout.write(f"ranked by: {sweep.objective}\ntable: {csv_path}\nplot:  {png_path}\n(logged to the parent run {sweep.parent_run_id} under compare/, with compare_eval.png when the runs evaluated)\n\n")
-    sys.stdout.write(f"MLflow UI:  mlflow ui --backend-store-uri {sweep.tracking_uri}\ncompare view: {address}\n")
+    base = address.split("/#/", 1)[0]
+    serve = ui_command(sweep.tracking_uri, base)
+    sys.stdout.write(f"MLflow UI:  {base}" + (f" (serve it: {serve})" if serve else " (the tracking server's)") + f"\ncompare view: {address}\n")
     return 0
 
 

@@ -260,6 +260,21 @@ def test_commands_for_unreachable_machines_fail_at_once_in_one_line(command: str
     assert "Traceback" not in out.stderr and time.monotonic() - started < 60
 
 
+def test_the_atropos_serve_line_as_written_fails_at_once_in_one_line_here(tmp_path: Path) -> None:
+    """Here neither the hub nor gpu-host is reachable: the README's `serve` line stops within
+    seconds with one line naming `--env.tokenizer_name` (atroposlib's tokenizer load would retry
+    the hub for two minutes, then print a 60-line traceback), or `--openai.base_url` where the
+    hub answers."""
+    serve = next(c for c in CHECKS if c.startswith("python -m opd.atropos.inline_math serve"))
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"} | {"PYTHONPATH": str(ROOT)}  # as a user has it: the suite sets it
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, *shlex.split(serve)[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-3000:]
+    (line,) = out.stderr.splitlines()
+    assert re.match(r"error: --env\.tokenizer_name='Qwen/Qwen3-4B': |error: --openai\.base_url: nothing answers at http://gpu-host", line), line
+    assert time.monotonic() - started < 30
+
+
 # ---- run: as a user runs them ----------------------------------------------------------------------
 
 

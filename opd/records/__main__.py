@@ -3,7 +3,9 @@ problem); `python -m opd.records view FILE [--tokenizer DIR] [--out HTML]`: writ
 
 Both read with `opd.records.reader` (the reader resume uses too, with the same limits; the flags
 below change them for one command) and print one line per problem, naming the file and the line,
-with control and bidi characters from the file escaped."""
+with control and bidi characters from the file escaped. A file that is not there, a tokenizer that
+cannot be had or a page that cannot be written stops the command with one line (`error: ...`),
+before anything is read."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import dataclasses
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
+from opd.cli import fail
 from opd.records.escape import console
 from opd.records.reader import LIMITS, Limits, digest, is_gzip, records
 from opd.records.rules import check_group
@@ -61,6 +65,8 @@ def check_file(path: Path, limits: Limits = LIMITS, follow: bool = True) -> tupl
 
 
 def _check(paths: list[Path], limits: Limits) -> int:
+    for path in paths:
+        _readable(path)
     failed = False
     for path in paths:
         count, problems = check_file(path, limits)
@@ -71,18 +77,52 @@ def _check(paths: list[Path], limits: Limits) -> int:
     return 1 if failed else 0
 
 
-def _view(path: Path, tokenizer_dir: Path, out: Path | None, limits: Limits) -> int:
+def _readable(path: Path) -> None:
+    """Stop with one line (`error: ...`, status 2) unless `path` is a file there is to read."""
+    if not path.exists():
+        fail(f"{console(str(path))}: no such file")
+    if path.is_dir():
+        fail(f"{console(str(path))} is a directory; give a records file (groups.jsonl or groups.jsonl.gz)")
+
+
+def _cached(name: str) -> bool:
+    """Whether hub model `name` has its tokenizer in the local Hugging Face cache (no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return any(isinstance(try_to_load_from_cache(name, file), str) for file in ("tokenizer.json", "tokenizer_config.json"))
+    except Exception:  # noqa: BLE001 - not a hub name at all
+        return False
+
+
+def load_tokenizer(name: str) -> Any:
+    """The tokenizer of `--tokenizer`: a local directory or a hub model already in the local cache,
+    looked up without the network and before transformers is imported (it would retry an
+    unreachable hub for minutes); else one line naming `--tokenizer` and what to do."""
+    advice = "give the directory of the model that wrote the records (its tokenizer.json), or download it first (huggingface-cli download NAME)"
+    if not Path(name).is_dir() and not _cached(name):
+        fail(f"--tokenizer={console(name)!r} is not a directory nor a hub model in the local Hugging Face cache: {advice}")
     from transformers import AutoTokenizer
 
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError) as err:
+        fail(f"--tokenizer={console(name)!r} has no tokenizer transformers can load ({console(str(err).splitlines()[0])[:200]}): {advice}")
+
+
+def _view(path: Path, tokenizer: str, out: Path | None, limits: Limits) -> int:
     from opd.records.viewer import write_viewer
 
+    _readable(path)
     html = out or path.with_name(path.name.removesuffix(".gz").removesuffix(".jsonl") + ".html")
+    if not html.parent.is_dir():
+        fail(f"--out={console(str(html))}: no such directory {console(str(html.parent))}")
+    loaded = load_tokenizer(tokenizer)
     try:
-        write_viewer(path, AutoTokenizer.from_pretrained(str(tokenizer_dir)), html, limits, follow=True)
+        write_viewer(path, loaded, html, limits, follow=True)
     except (ValueError, OSError) as err:
         said = console(str(err))
-        logger.error("%s", said if console(str(path)) in said else f"{console(str(path))}: {said}")
-        return 1
+        fail(said if console(str(path)) in said else f"{console(str(path))}: {said}", 1)
     return 0
 
 
@@ -97,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("files", nargs="+", type=Path)
     view = commands.add_parser("view", help="write the HTML viewer of a record file", parents=[limits])
     view.add_argument("file", type=Path, help="groups.jsonl or groups.jsonl.gz")
-    view.add_argument("--tokenizer", type=Path, default=FIXTURE_MODEL, help="a tokenizer directory (default: the fixture model's)")
+    view.add_argument("--tokenizer", default=str(FIXTURE_MODEL),
+                      help="a tokenizer directory or a hub model in the local cache (default: the fixture model's)")
     view.add_argument("--out", type=Path, help="the page to write (default: FILE with the suffix .html)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

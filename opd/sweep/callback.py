@@ -52,6 +52,7 @@ class SweepCallback(Callback):
         self.__init__()  # type: ignore[misc]
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from opd.cli import fail
         from opd.config import ConfigError
 
         try:
@@ -59,8 +60,7 @@ class SweepCallback(Callback):
         except ConfigError as err:
             # Hydra only warns about an error raised here and would start every job anyway.
             self._finish(completed=False)
-            sys.stderr.write(f"error: {err}\n")
-            sys.exit(2)
+            fail(str(err))
 
     def _start(self, config: DictConfig) -> None:
         from opd.config import validate
