@@ -29,7 +29,7 @@ from opd.data.sources import TaskSet
 from opd.envs.base import RolloutEnv
 from opd.event_loop import run_loop
 from opd.run_files import replace_file
-from opd.runner import Runner, RunnerLimits, RunStats
+from opd.runner import Progress, Runner, RunnerLimits, RunStats
 from opd.serving.watch import ServerWatch, Watches
 from opd.sinks.base import Sink
 from opd.sweep.progress import SUMMARY_FILE, job_line
@@ -181,7 +181,8 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
                 workers = stack.enter_context(environment_workers(cfg, data, model, urls, (teacher_dir, teacher_urls) if teacher_urls else None))
             # Jobs at once in this machine's processes: the launcher shows one bar for all of them.
             progress = cfg.runner.progress and not (job is not None and job.state.parallel)
-            stats, extra = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups, workers, progress, teacher_watch), cfg.runner.uvloop)
+            report = progress_report(cfg, env if workers is None else None, tracker)
+            stats, extra = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups, workers, progress, teacher_watch, report), cfg.runner.uvloop)
             summary, history = {**summarize(stats, sinks, env, watch, teacher_watch), **extra}, stats.history
             logger.info("wrote %d groups to %s in %.1f s (%d failed)", stats.written, out / GROUPS_FILE, stats.elapsed, stats.failed)
         objective_name = cfg.sweep.objective or default_objective(cfg)
@@ -241,8 +242,25 @@ def summary_table(cfg: Config, report: dict[str, Any]) -> str:
     return "\n".join(["finished:"] + [f"  {name.ljust(width)}  {value}" for name, value in rows])
 
 
+def progress_report(cfg: Config, env: RolloutEnv | None, tracker: Tracker | None) -> Progress:
+    """Where the run says how far it is besides the bar: its log every `runner.progress_every`
+    groups and while none is written (`runner.quiet_after_s`), with what `env`'s requests are doing
+    (None: they are the workers'), the MLflow run's tag `opd.progress`, and the console when the bar
+    is off."""
+    def requests() -> str:
+        assert env is not None
+        pools = env.request_pools()
+        counts = env.request_counts()
+        return (f"{sum(p.in_use for p in pools)} in flight, {sum(p.waiting for p in pools)} waiting for a slot, {counts.retries} retried, "
+                f"{counts.failed} failed for good")
+
+    publish = (lambda line: tracker.set_tags({"opd.progress": line})) if tracker is not None else None
+    return Progress(cfg.runner.progress_every, cfg.runner.quiet_after_s, publish, requests if env is not None else None, console=not cfg.runner.progress)
+
+
 async def _generate(cfg: Config, env: RolloutEnv, sinks: list[Sink], watch: ServerWatch, groups: int, kept: list[dict[str, Any]],
-                    workers: list[Any] | None = None, progress: bool = True, teacher_watch: ServerWatch | None = None) -> tuple[RunStats, dict[str, float]]:
+                    workers: list[Any] | None = None, progress: bool = True, teacher_watch: ServerWatch | None = None,
+                    report: Progress | None = None) -> tuple[RunStats, dict[str, float]]:
     """Open the sinks, run the generation loop (on `workers` when given), close everything (sinks
     learn the final status); the runner's statistics and the workers' `summary/*`. After a failed
     group the policy's servers are checked, then teacher=model's (`teacher_watch`)."""
@@ -265,7 +283,7 @@ async def _generate(cfg: Config, env: RolloutEnv, sinks: list[Sink], watch: Serv
             max_dropped = cfg.runner.max_dropped_groups if cfg.runner.max_dropped_groups is not None else 10 * cfg.total_steps
             limits = RunnerLimits(groups, cfg.runner.max_attempts_per_item, cfg.runner.max_failed_groups, max_dropped)
             runner = Runner(source, sinks, cfg.total_steps, limits, on_failure=checks.check, progress=progress, kept=kept,
-                            drop=env.drop_reason)
+                            drop=env.drop_reason, report=report)
             stats = await runner.run()
             status = "FINISHED"
             return stats, (await source.summary() if workers is not None else {})

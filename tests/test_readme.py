@@ -322,11 +322,16 @@ def test_a_run_then_its_viewer_check_and_mlflow_ui(tmp_path: Path, scripted: str
     assert view.returncode == 0 and (tmp_path / "page.html").stat().st_size > 0, view.stderr
     check = _python("-m", "opd.records", "check", groups)
     assert check.returncode == 0, check.stdout + check.stderr
-    _mlflow_ui_serves(f"sqlite:///{tmp_path}/mlflow.db", expect_run="inline_math fixture total_steps=3 group_size=8 seed=1", workdir=tmp_path)
+    run = _mlflow_ui_serves(f"sqlite:///{tmp_path}/mlflow.db", expect_run="inline_math fixture total_steps=3 group_size=8 seed=1", workdir=tmp_path)
+    # Where the run was, group by group: in its log and on the MLflow run (not only the console's bar).
+    log = (run_dir / "launch.log").read_text()
+    assert all(f"groups: {n} of 3 written" in log for n in (1, 2, 3)), log[-3000:]
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags["opd.progress"].startswith("groups: 3 of 3 written (0 failed, 0 dropped")
 
 
-def _mlflow_ui_serves(uri: str, expect_run: str, workdir: Path) -> None:
-    """`mlflow ui --backend-store-uri URI` (on a free port) answers and lists the run."""
+def _mlflow_ui_serves(uri: str, expect_run: str, workdir: Path) -> dict:
+    """`mlflow ui --backend-store-uri URI` (on a free port) answers and lists the run; the run."""
     import urllib.request
 
     with mlflow_serving(["ui", "--backend-store-uri", uri], workdir) as url:
@@ -334,7 +339,9 @@ def _mlflow_ui_serves(uri: str, expect_run: str, workdir: Path) -> None:
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as response:
             runs = json.load(response)["runs"]
-    assert expect_run in [r["info"]["run_name"] for r in runs]
+    named = [r for r in runs if r["info"]["run_name"] == expect_run]
+    assert named, [r["info"]["run_name"] for r in runs]
+    return named[0]
 
 
 @pytest.mark.slow

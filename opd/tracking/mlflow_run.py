@@ -401,7 +401,8 @@ def open_run(tracking: Any, out: Path, resolved: dict[str, Any], info: RunInfo, 
     """The run's MLflow run for the length of the block (see the module docstring). A store that
     cannot be used is a ConfigError naming `tracking.uri`, raised before anything starts. The run
     is opened once `tracker.begin()` is called (at once with `begin=True`); a failure of its
-    tracking fails the block at its next call to the tracker, or at its end."""
+    tracking fails the block at its next call to the tracker, or at its end. A block that raises
+    leaves its reason in the run's tag `opd.error`."""
     check_store(tracking.uri, tracking.artifact_root)
     tracker = Tracker(tracking.uri, tracking.experiment, tracking.artifact_root, info.name, tracking.max_param_chars,
                       parent_run_id=info.parent_run_id, experiment_id=info.experiment_id, run_id=resume_id, run_file=out / RUN_FILE,
@@ -424,6 +425,11 @@ def open_run(tracking: Any, out: Path, resolved: dict[str, Any], info: RunInfo, 
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
+        raise
+    except Exception as err:
+        # Why it failed, on the run itself (the UI shows its tags), not only in the run's log.
+        with contextlib.suppress(Exception):
+            tracker.set_tags({"opd.error": f"{type(err).__name__}: {err}"[:5000]})
         raise
     finally:
         error = tracker.end(status)
