@@ -2,7 +2,9 @@
 
 Prints a table of the sweep's job runs (swept params, objective, summary metrics; best objective
 first), writes it as compare.csv with compare.png (objective against each swept parameter), logs
-both to the sweep's parent run under compare/, and prints the MLflow UI address of the compare view.
+both to the sweep's parent run under compare/, and prints links into the MLflow UI at the store's own
+address (the tracking server's; `mlflow ui`'s for a sqlite store; `--ui` for another): the jobs'
+runs with the swept keys as columns (the sweep's saved view, `opd.tracking.ui`), the compare view.
 When the sweep ran each point with several seeds (`sweep.seeds`, or `seed` swept), it also prints
 each point's mean objective and spread over its seeds (compare_points.csv), best mean first, and
 whether the best point is told apart from the next by more than that spread (Welch's t-test).
@@ -35,12 +37,11 @@ from typing import Any
 from experiments import gap
 from opd.cli import fail
 from opd.config import ConfigError
+from opd.tracking.ui import DEFAULT_UI, SAVED_VIEW_PREFIX, compare_link, sweep_view, ui_base, ui_command, view_link
 
 logger = logging.getLogger("experiments.compare")
 
 DEFAULT_URI = "sqlite:///outputs/mlflow.db"
-# Where `mlflow ui` serves unless told otherwise.
-DEFAULT_UI = "http://127.0.0.1:5000"
 
 
 @dataclass
@@ -518,41 +519,18 @@ def _public(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]
 
 
-def ui_base(tracking_uri: str, ui: str | None) -> str:
-    """Where the MLflow UI of the sweep's store is: `ui` when given; an MLflow server serves its UI
-    at its own address (the tracking URI); a store without a server (sqlite, files) has the UI
-    that `mlflow ui` serves, by default at http://127.0.0.1:5000."""
-    if ui:
-        return ui.rstrip("/")
-    if tracking_uri.startswith(("http://", "https://")):
-        parts = urllib.parse.urlsplit(tracking_uri)
-        return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path.rstrip("/"), "", ""))
-    return DEFAULT_UI
-
-
-def ui_command(tracking_uri: str, base: str) -> str | None:
-    """The `mlflow ui` command that serves `base` for a store without a server (None: the store
-    is a server, whose UI is already there)."""
-    if tracking_uri.startswith(("http://", "https://")):
-        return None
-    parts = urllib.parse.urlsplit(base)
-    return f"mlflow ui --backend-store-uri {tracking_uri} --host {parts.hostname or '127.0.0.1'} --port {parts.port or 5000}"
-
-
-def ui_address(sweep: Sweep, host: str) -> str:
-    """The MLflow UI's compare view of the sweep's runs, in the UI's machine-learning view."""
-    runs = urllib.parse.quote(json.dumps(sweep.run_ids, separators=(",", ":")))
-    experiments = urllib.parse.quote(json.dumps([sweep.experiment_id], separators=(",", ":")))
-    return f"{host.rstrip('/')}/#/compare-runs?runs={runs}&experiments={experiments}&workflowType=machine_learning"
-
-
 def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None = None, ui: str | None = None) -> tuple[Sweep, Path, Path, str]:
-    """Build the table, CSV and plot, log them to the parent run; return (sweep, csv, png, UI
-    address: `ui`, or the store's own, `ui_base`)."""
+    """Build the table, CSV and plot, log them to the parent run; return (sweep, csv, png, the
+    MLflow UI's address: `ui`, or the store's own, `opd.tracking.ui.ui_base`)."""
     parent_run_id, uri = locate(target, tracking_uri)  # before MLflow's import: a bad target fails in a second
     import mlflow
 
     sweep = load(parent_run_id, uri)
+    client = mlflow.MlflowClient(uri)
+    view_key = SAVED_VIEW_PREFIX + parent_run_id
+    if view_key not in client.get_experiment(sweep.experiment_id).tags:  # a sweep from before saved views: its link must open
+        client.set_experiment_tag(sweep.experiment_id, *sweep_view(parent_run_id, client.get_run(parent_run_id).info.run_name or parent_run_id,
+                                                                   sweep.swept, ["objective"]))
     if out_dir is None:
         out_dir = Path(target) if Path(target).is_dir() else Path("outputs/compare") / parent_run_id
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -560,7 +538,6 @@ def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None =
     per_point = points(sweep)
     points_path = write_csv([{k: v for k, v in row.items() if k != "objectives"} for row in per_point], out_dir / "compare_points.csv") if per_point else None
     png_path = write_plot(sweep, out_dir / "compare.png")
-    client = mlflow.MlflowClient(uri)
     curves = write_eval_curves(sweep, client, out_dir / "compare_eval.png")
     gain_csv = gain_png = None
     gap_files: list[Path] = []
@@ -580,7 +557,7 @@ def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None =
         logger.warning("this sweep varies reward weights and is ranked by %s, a reward those weights scale: the ranking says nothing about "
                        "the data. Rank by held-out accuracy: trainer=local eval.every=N (the default objective then), or sweep.objective=accuracy.",
                        sweep.objective)
-    return sweep, csv_path, png_path, ui_address(sweep, ui_base(uri, ui))
+    return sweep, csv_path, png_path, ui_base(uri, ui)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -621,9 +598,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("(compare_gap.csv; the curves against optimiser steps, rollouts and wall time in compare_gap.png, the reverse KL "
                          "to the teacher on fresh samples in compare_kl.png)\n\n")
     sys.stdout.write(f"ranked by: {sweep.objective}\ntable: {csv_path}\nplot:  {png_path}\n(logged to the parent run {sweep.parent_run_id} under compare/, with compare_eval.png when the runs evaluated)\n\n")
-    base = address.split("/#/", 1)[0]
-    serve = ui_command(sweep.tracking_uri, base)
-    sys.stdout.write(f"MLflow UI:  {base}" + (f" (serve it: {serve})" if serve else " (the tracking server's)") + f"\ncompare view: {address}\n")
+    serve = ui_command(sweep.tracking_uri, address)
+    sys.stdout.write(f"MLflow UI:  {address}" + (f" (serve it: {serve})" if serve else " (the tracking server's)") + "\n"
+                     f"the jobs' runs, swept keys as columns: {view_link(address, sweep.experiment_id, sweep.parent_run_id)}\n"
+                     f"compare view: {compare_link(address, sweep.experiment_id, sweep.run_ids)}\n")
     return 0
 
 

@@ -35,6 +35,7 @@ from opd.sinks.base import Sink
 from opd.sweep.progress import SUMMARY_FILE, job_line
 from opd.sweep.state import SweepJob, run_name, shared_server_for, shared_teacher_for
 from opd.tracking.store import absolute_tracking_uri
+from opd.tracking.ui import run_link, ui_base, ui_command
 from opd.tracking.mlflow_run import DatasetRef, RunInfo, Tracker, open_run, previous_run_id, run_title, source_tags
 
 logger = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
         logger.info("mode=evaluate measures the policy alone: teacher=model's server is not started")
     if job is not None:
         logger.info("%s: %s", job_line(job.state, job.num), run_name(job.swept))
-    run_id = None
+    run_id = experiment_id = None
     with ExitStack() as stack:
         shared = shared_server_for(job.state if job else None, cfg.server) if cfg.server.kind == "local" else None
         tracker = None
@@ -192,9 +193,10 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
             tracker.log_metrics({**summary, "objective": objective}, step=cfg.total_steps if cfg.mode != "evaluate" else 0)
             if job is not None:
                 tracker.log_to_parent({"objective": objective}, step=job.num)
-            run_id = tracker.run_id
+            run_id, experiment_id = tracker.run_id, tracker.experiment_id
     report = {**summary, "objective": objective, "objective_name": objective_name, "accuracy": _accuracy(summary, history),
               "run_s": time.time() - started, "output_dir": str(out.resolve()), "mlflow_run_id": run_id,
+              "mlflow_experiment_id": experiment_id,
               "tracking_uri": absolute_tracking_uri(cfg.tracking.uri) if cfg.tracking.enabled else None}
     replace_file(out / SUMMARY_FILE, json.dumps(report, indent=2, default=str))
     if job is None:
@@ -236,8 +238,10 @@ def summary_table(cfg: Config, report: dict[str, Any]) -> str:
         rows.append(("data", f"{out / GROUPS_FILE} (browse: {out / 'groups.html'})"))
     rows.append(("log", str(out / "launch.log") if (out / "launch.log").exists() else str(out)))
     if report["mlflow_run_id"]:
-        rows.append(("MLflow", f"run {report['mlflow_run_id']} in experiment {cfg.tracking.experiment}; "
-                               f"mlflow ui --backend-store-uri {report['tracking_uri']}"))
+        base = ui_base(report["tracking_uri"])
+        serve = ui_command(report["tracking_uri"], base)
+        rows.append(("MLflow", f"run {report['mlflow_run_id']} in experiment {cfg.tracking.experiment}: "
+                               f"{run_link(base, str(report.get('mlflow_experiment_id')), report['mlflow_run_id'])}" + (f" ({serve})" if serve else "")))
     width = max(len(name) for name, _ in rows)
     return "\n".join(["finished:"] + [f"  {name.ljust(width)}  {value}" for name, value in rows])
 

@@ -11,7 +11,7 @@ from conftest import ROOT
 # Lowest first. A module's layer is that of the longest prefix listed here.
 LAYERS = [
     ["opd.config", "opd.cli", "opd.event_loop", "opd.latency", "opd.run_files"],
-    ["opd.records", "opd.tracking.traces", "opd.tracking.store"],
+    ["opd.records", "opd.tracking.traces", "opd.tracking.store", "opd.tracking.ui"],
     ["opd.serving", "opd.data", "opd.train"],
     ["opd.tools"],
     ["opd.rewards", "opd.agent"],
