@@ -28,7 +28,8 @@ from opd.records import MASK, check_group
 from opd.serving.vllm_client import Generation
 from scripted import ScriptedClient, build_env
 
-FAMILY_NAMES = ["deepseek_r1_distill", "gpt_oss", "llama3", "mistral", "qwen2_5", "qwen3"]
+# Every real-model preset (qwen2_5_coder: Qwen2.5's tokenizer and template under its own preset).
+FAMILY_NAMES = ["deepseek_r1_distill", "gpt_oss", "llama3", "mistral", "qwen2_5", "qwen2_5_coder", "qwen3"]
 TASK = {"id": "t-add3", "task": "Write add_3(x) returning x + 3.", "test_code": "from solution import add_3\nassert add_3(1) == 4\n"}
 MATH = {"id": "m0", "problem": "What is 2 + 3?", "answer": "5"}
 
@@ -124,6 +125,7 @@ def test_the_check_names_model_template_and_what_is_missing(families, tmp_path: 
 CALLS = {
     "qwen3": ('<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n</tool_call>', "<tool_call>\n{'name': 'terminal'}\n</tool_call>"),
     "qwen2_5": ('<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n</tool_call>', "<tool_call>\n{'name': 'terminal'}\n</tool_call>"),
+    "qwen2_5_coder": ('<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n</tool_call>', "<tool_call>\n{'name': 'terminal'}\n</tool_call>"),
     # R1's text starts inside <think> (the template opens it): a call comes after </think>.
     "deepseek_r1_distill": ('Ok.\n</think>\n\n<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n</tool_call>',
                             "Ok.\n</think>\n\n<tool_call>\n{'name': 'terminal'}\n</tool_call>"),
@@ -255,6 +257,8 @@ INLINE = {
               "<think>\n<tool_call>\n{'name': 'calculator'}\n</tool_call>"),
     "qwen2_5": ('<think>\nI will compute 2 + 3.\n<tool_call>\n{"name": "calculator", "arguments": {"expr": "2 + 3"}}\n</tool_call>',
                 "<think>\n<tool_call>\n{'name': 'calculator'}\n</tool_call>"),
+    "qwen2_5_coder": ('<think>\nI will compute 2 + 3.\n<tool_call>\n{"name": "calculator", "arguments": {"expr": "2 + 3"}}\n</tool_call>',
+                      "<think>\n<tool_call>\n{'name': 'calculator'}\n</tool_call>"),
     "deepseek_r1_distill": ('I will compute 2 + 3.\n<tool_call>\n{"name": "calculator", "arguments": {"expr": "2 + 3"}}\n</tool_call>',
                             "<tool_call>\n{'name': 'calculator'}\n</tool_call>"),
     "llama3": ('<think>\nI will compute 2 + 3.\n{"name": "calculator", "parameters": {"expr": "2 + 3"}}<|eot_id|>',
@@ -278,11 +282,14 @@ def test_inline_math_runs_calls_in_each_format(families, family: str) -> None:
     details = group["overrides"][0]
     assert (details["tool_calls"], details["tool_errors"], details["correct"], details["finish"]) == (1, 0, True, "eos")
     assert details["reward_signals"]["format_violation"] == 0.0
-    # The response the env inserted is the family's text, masked; the call's ids were sampled.
+    # The response the env inserted is the family's text, naming the called function (and the
+    # call's id, for Mistral), masked; the call's ids were sampled.
     text = tokenizer.decode(group["tokens"][0], skip_special_tokens=False)
-    assert fmt.response_text({"value": 5}) in text
+    call_id = next((m["tool_call_id"] for m in group["messages"][0] if m.get("tool_call_id")), "")
+    response = fmt.response_text({"value": 5}, "calculator", call_id)
+    assert response in text
     inserted = [t for t, m in zip(group["tokens"][0], group["masks"][0]) if m == MASK]
-    assert fmt.response_text({"value": 5}) in tokenizer.decode(inserted, skip_special_tokens=False)
+    assert response in tokenizer.decode(inserted, skip_special_tokens=False)
     # The marker ends the sampled segment however it is tokenised (bytes for R1, one token elsewhere).
     assert text.count(fmt.call_end) >= 1
     # A malformed call: an error result, and the rollout goes on to its answer.
