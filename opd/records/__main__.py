@@ -1,5 +1,7 @@
 """`python -m opd.records check FILE [FILE ...]`: check every group of record files (exit 1 on any
-problem); `python -m opd.records view FILE [--tokenizer DIR] [--out HTML]`: write its viewer."""
+problem); with `--rerender`, also render each rollout's conversation with the chat template of the
+model that wrote it and report where the ids differ (`opd.envs.rerender`);
+`python -m opd.records view FILE [--tokenizer DIR] [--out HTML]`: write its viewer."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def check_file(path: Path) -> tuple[int, list[str]]:
     return count, problems
 
 
-def _check(paths: list[Path]) -> int:
+def _check(paths: list[Path], rerender: bool = False, config: Path | None = None, tokenizer: Path | None = None) -> int:
     failed = False
     for path in paths:
         count, problems = check_file(path)
@@ -36,7 +38,42 @@ def _check(paths: list[Path]) -> int:
             logger.error("%s: %s", path, problem)
         logger.info("%s: %d groups, %d problems", path, count, len(problems))
         failed |= bool(problems) or count == 0
+        if rerender and count:
+            failed |= _rerender(path, config or path.parent / "config.yaml", tokenizer) != 0
     return 1 if failed else 0
+
+
+def rerender_file(path: Path, config: Path, tokenizer: Path | None = None) -> tuple[list[str], list[str]]:
+    """(errors, notes) of re-rendering every rollout of `path` with the chat template of the run
+    whose config is `config`: errors where the prompt or inserted ids are not the template's,
+    notes where the template re-renders a sampled turn otherwise (`opd.agent.rerender`)."""
+    # The comparison knows the environments' tools: it lives above the records' layer.
+    from opd.build import resolve_model
+    from opd.config import ConfigError
+    from opd.envs.rerender import Renderer, RerenderError, rerender_group
+
+    try:
+        renderer = Renderer.for_run(config, tokenizer, resolve_model)
+    except (RerenderError, ConfigError) as err:
+        return [str(err)], []
+    errors: list[str] = []
+    notes: list[str] = []
+    for number, group in enumerate(read_groups(path), 1):
+        for index, difference in rerender_group(group, renderer):
+            where = f"group {number}" + (f" rollout {index}" if index >= 0 else "")
+            (errors if difference.error else notes).append(f"{where}: {difference.describe(renderer.tokenizer)}")
+    return errors, notes
+
+
+def _rerender(path: Path, config: Path, tokenizer: Path | None) -> int:
+    errors, notes = rerender_file(path, config, tokenizer)
+    for error in errors:
+        logger.error("%s: %s", path, error)
+    for note in notes:
+        logger.info("%s: %s", path, note)
+    logger.info("%s: re-rendered with the chat template of the run of %s: %d differences from it in prompts or inserted text, "
+                "%d places in sampled turns it renders otherwise", path, config, len(errors), len(notes))
+    return 1 if errors else 0
 
 
 def _view(path: Path, tokenizer_dir: Path, out: Path | None) -> int:
@@ -58,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="check every group of record files")
     check.add_argument("files", nargs="+", type=Path)
+    check.add_argument("--rerender", action="store_true",
+                       help="also render each rollout's conversation with the model's chat template and report where the ids differ")
+    check.add_argument("--config", type=Path, help="the run's config.yaml (default: the one beside each FILE)")
+    check.add_argument("--tokenizer", type=Path, help="the model's tokenizer directory (default: the config's server.model)")
     view = commands.add_parser("view", help="write the HTML viewer of a record file")
     view.add_argument("file", type=Path, help="groups.jsonl or groups.jsonl.gz")
     view.add_argument("--tokenizer", type=Path, default=FIXTURE_MODEL, help="a tokenizer directory (default: the fixture model's)")
@@ -66,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "view":
         return _view(args.file, args.tokenizer, args.out)
-    return _check(args.files)
+    return _check(args.files, args.rerender, args.config, args.tokenizer)
 
 
 if __name__ == "__main__":
