@@ -244,6 +244,22 @@ def test_a_think_end_inside_call_arguments_does_not_end_the_rollout(presets, pre
     assert run(presets, preset, "inline_math", after)[0]["overrides"][0]["finish"] == "tool_after_think"
 
 
+@pytest.mark.parametrize("preset", one_fast(["qwen3", "llama3"]))
+def test_a_rollout_cut_right_after_a_result_is_still_the_templates_rendering(presets, preset: str) -> None:
+    """The token budget ends right after an inserted result: the record ends with it, and its
+    prompt and result are still the template's (Qwen3's template closes the unfinished thinking
+    when it re-renders the turn: a note, not an error)."""
+    _, tokenizer, _ = presets[preset]
+    call = inline_call(preset, "calculator", {"expr": "2 + 3"})
+    budget = len(tokenizer.encode(call, add_special_tokens=False))
+    group, _ = run(presets, preset, "inline_math", [call], [f"env.max_new_tokens={budget}"])
+    assert (group["overrides"][0]["tool_calls"], group["overrides"][0]["finish"]) == (1, "max_new_tokens")
+    assert segments(group["masks"][0])[-1][0] == "inserted"
+    found = differences(presets, preset, "inline_math", group)
+    assert [d.describe(tokenizer) for d in found if d.error] == []
+    assert all(d.where.startswith("turn") for d in found)
+
+
 @pytest.mark.parametrize("env_name", one_fast(["inline_math", "opd_coding"]))
 def test_llama_calls_ending_with_eom_run_in_both_environments(presets, env_name: str) -> None:
     """Llama 3.1 ends a JSON call with <|eom_id|> when its prompt says "Environment: ipython" (its

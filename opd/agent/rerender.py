@@ -87,11 +87,11 @@ def rerender(tokenizer: Any, fmt: ChatFormat, tools: list[dict] | None, messages
     found += _compare(tokenizer, "prompt", 0, tokens[:prompt_end], expected, text)
     sampled = [p for p in parts if p[0] == "sampled"]
     assistants = [i for i, m in enumerate(after) if m.get("role") == "assistant"]
-    if len(assistants) == len(sampled):
+    if len(after) == 1 and assistants == [0] and any(p[0] == "inserted" for p in parts):
+        whole_errors = True  # one turn with results inside: only the whole rendering says what they should be
+    elif len(assistants) == len(sampled):
         found += _by_message(tokenizer, fmt, tools, prompt_messages, after, assistants, parts, tokens, json_results)
         whole_errors = False
-    elif len(assistants) == 1 and len(sampled) > 1:
-        whole_errors = True  # one turn with results inside: only the whole rendering says what they should be
     else:
         return found + [Difference("conversation", prompt_end, (), (), True,
                                    f"{len(assistants)} assistant messages for {len(sampled)} sampled stretches: not this record's conversation")]
