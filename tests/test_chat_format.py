@@ -19,14 +19,13 @@ from family_tokenizers import R1_STOCK
 from opd.fixture.families import tokenizer_dir
 from opd.serving.tokenizer import load_tokenizer
 from opd.agent.chat_format import ChatFormat, ChatFormatError, TurnParser, check
-from opd.agent.chat_tokens import holds_added_token, special_ids
+from opd.agent.chat_tokens import holds_added_token
 from opd.agent.tool_calls import ToolCall, ToolCallError
 from opd.config import ConfigError, validate
 from opd.data.sources import TaskSet
 from opd.envs import coding_prompt
 from opd.records import MASK, check_group
-from opd.serving.vllm_client import Generation
-from scripted import ScriptedClient, build_env
+from scripted import ScriptedClient, build_env, vllm_like
 
 # Every real-model preset (qwen2_5_coder: Qwen2.5's tokenizer and template under its own preset).
 FAMILY_NAMES = ["deepseek_r1_distill", "gpt_oss", "llama3", "mistral", "qwen2_5", "qwen2_5_coder", "qwen3"]
@@ -43,29 +42,6 @@ def families() -> dict[str, tuple[Path, object, ChatFormat]]:
         directory = tokenizer_dir(name)
         out[name] = (directory, load_tokenizer(str(directory)), ChatFormat.from_config(validate(compose([f"model={name}"])).model))
     return out
-
-
-def vllm_like(tokenizer, replies: list[str]):
-    """A scripted server that stops as vLLM does: on a stop string as text (the ids up to the
-    token that completes it, whatever the tokenisation), else on the end of the reply, adding
-    the end-of-turn token unless the reply already ends with a special token."""
-    queue = list(replies)
-    specials = special_ids(tokenizer)
-
-    def generate(prompt_ids, *, max_tokens, stop=None) -> Generation:
-        text = queue.pop(0)
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        for marker in stop or []:
-            at = text.find(marker)
-            if at != -1:
-                end = at + len(marker)
-                cut = next(n for n in range(1, len(ids) + 1) if len(tokenizer.decode(ids[:n], skip_special_tokens=False)) >= end)
-                return Generation(ids[:cut], [-0.5] * cut, "stop")
-        if not ids or ids[-1] not in specials:
-            ids = ids + [tokenizer.eos_token_id]
-        return Generation(ids, [-0.5] * len(ids), "stop")
-
-    return generate
 
 
 def env_for(families, family: str, env: str, replies: list[str], overrides: list[str] | None = None):

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from conftest import compose, one_fast
 from opd.agent.chat_format import ChatFormat
-from opd.agent.chat_tokens import continuation_text, special_ids
+from opd.agent.chat_tokens import continuation_text
 from opd.agent.rerender import Difference, rerender, segments
 from opd.config import validate
 from opd.data.sources import TaskSet
@@ -30,8 +30,7 @@ from opd.envs import coding_prompt, math_prompt
 from opd.fixture.families import mistral_reference, tokenizer_dir
 from opd.records import check_group
 from opd.serving.tokenizer import load_tokenizer
-from opd.serving.vllm_client import Generation
-from scripted import ScriptedClient, build_env
+from scripted import ScriptedClient, build_env, vllm_like
 
 PRESETS = ["qwen3", "qwen2_5", "qwen2_5_coder", "llama3", "mistral", "deepseek_r1_distill", "gpt_oss"]
 TASK = {"id": "t-add3", "task": "Write add_3(x) returning x + 3.", "test_code": "from solution import add_3\nassert add_3(1) == 4\n"}
@@ -62,31 +61,9 @@ def presets() -> Presets:
     return Presets()
 
 
-def family_server(tokenizer, replies: list[str]):
-    """A scripted vLLM: each reply tokenized by the real tokenizer; it stops as vLLM does, on a
-    stop string as text (the ids up to the token that completes it) or on the first of the
-    model's end-of-message tokens, and ends a reply without one with the eos token."""
-    queue = list(replies)
-    specials = special_ids(tokenizer)
-
-    def generate(prompt_ids, *, max_tokens, stop=None) -> Generation:
-        text = queue.pop(0)
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        for marker in stop or []:
-            at = text.find(marker)
-            if at != -1:
-                cut = next(n for n in range(1, len(ids) + 1) if len(tokenizer.decode(ids[:n], skip_special_tokens=False)) >= at + len(marker))
-                return Generation(ids[:cut], [-0.5] * cut, "stop")
-        if not ids or ids[-1] not in specials:
-            ids = ids + [tokenizer.eos_token_id]
-        return Generation(ids, [-0.5] * len(ids), "stop")
-
-    return generate
-
-
 def run(presets, preset: str, env_name: str, replies: list[str], overrides: list[str] | None = None) -> tuple[dict, object]:
     directory, tokenizer, _ = presets[preset]
-    client = ScriptedClient(generate=family_server(tokenizer, replies))
+    client = ScriptedClient(generate=vllm_like(tokenizer, replies))
     cfg = validate(compose([f"model={preset}", f"env={env_name}", "group_size=1", f"server.model={directory}",
                             *(["env.opd.enabled=false"] if env_name == "opd_coding" else []), *(overrides or [])]))
     item = TASK if env_name == "opd_coding" else MATH
