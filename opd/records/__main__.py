@@ -38,7 +38,7 @@ def _check(paths: list[Path], rerender: bool = False, config: Path | None = None
             logger.error("%s: %s", path, problem)
         logger.info("%s: %d groups, %d problems", path, count, len(problems))
         failed |= bool(problems) or count == 0
-        if rerender and count:
+        if rerender and count and not problems:  # a file that breaks the format's rules is not re-rendered
             failed |= _rerender(path, config or path.parent / "config.yaml", tokenizer) != 0
     return 1 if failed else 0
 
@@ -58,19 +58,29 @@ def rerender_file(path: Path, config: Path, tokenizer: Path | None = None) -> tu
         return [str(err)], []
     errors: list[str] = []
     notes: list[str] = []
-    for number, group in enumerate(read_groups(path), 1):
-        for index, difference in rerender_group(group, renderer):
-            where = f"group {number}" + (f" rollout {index}" if index >= 0 else "")
-            (errors if difference.error else notes).append(f"{where}: {difference.describe(renderer.tokenizer)}")
+    try:
+        for number, group in enumerate(read_groups(path), 1):
+            for index, difference in rerender_group(group, renderer):
+                where = f"group {number}" + (f" rollout {index}" if index >= 0 else "")
+                (errors if difference.error else notes).append(f"{where}: {difference.describe(renderer.tokenizer)}")
+    except (ValueError, OSError) as err:
+        errors.append(str(err))
     return errors, notes
+
+
+# Notes shown per file (the rest are counted): a family whose template re-renders every sampled
+# turn otherwise has some in every rollout.
+MAX_NOTES_SHOWN = 10
 
 
 def _rerender(path: Path, config: Path, tokenizer: Path | None) -> int:
     errors, notes = rerender_file(path, config, tokenizer)
     for error in errors:
         logger.error("%s: %s", path, error)
-    for note in notes:
+    for note in notes[:MAX_NOTES_SHOWN]:
         logger.info("%s: %s", path, note)
+    if len(notes) > MAX_NOTES_SHOWN:
+        logger.info("%s: ... and %d more places in sampled turns the template renders otherwise", path, len(notes) - MAX_NOTES_SHOWN)
     logger.info("%s: re-rendered with the chat template of the run of %s: %d differences from it in prompts or inserted text, "
                 "%d places in sampled turns it renders otherwise", path, config, len(errors), len(notes))
     return 1 if errors else 0
