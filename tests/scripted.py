@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
+from opd.agent.chat_tokens import special_ids
 from opd.serving.vllm_client import ChatReply, Generation, PromptScores
 
 
@@ -68,6 +69,30 @@ def text_generator(tokenizer: Any, replies: list[tuple[str, str]], logprob: floa
         text, finish = queue.pop(0)
         ids = tokenizer.encode(text, add_special_tokens=False)[:max_tokens]
         return Generation(ids, [logprob] * len(ids), finish)
+
+    return generate
+
+
+def vllm_like(tokenizer: Any, replies: list[str]) -> Callable[..., Generation]:
+    """A scripted server answering in a real family's syntax, each reply tokenized by the real
+    tokenizer, that stops as vLLM does: on a stop string as text (the ids up to the token that
+    completes it, whatever the tokenisation), else on the end of the reply, adding the end-of-turn
+    token unless the reply already ends with a special token (one the model stops on)."""
+    queue = list(replies)
+    specials = special_ids(tokenizer)
+
+    def generate(prompt_ids: list[int], *, max_tokens: int, stop: list[str] | None = None) -> Generation:
+        text = queue.pop(0)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        for marker in stop or []:
+            at = text.find(marker)
+            if at != -1:
+                end = at + len(marker)
+                cut = next(n for n in range(1, len(ids) + 1) if len(tokenizer.decode(ids[:n], skip_special_tokens=False)) >= end)
+                return Generation(ids[:cut], [-0.5] * cut, "stop")
+        if not ids or ids[-1] not in specials:
+            ids = ids + [tokenizer.eos_token_id]
+        return Generation(ids, [-0.5] * len(ids), "stop")
 
     return generate
 

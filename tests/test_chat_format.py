@@ -19,16 +19,16 @@ from family_tokenizers import R1_STOCK
 from opd.fixture.families import tokenizer_dir
 from opd.serving.tokenizer import load_tokenizer
 from opd.agent.chat_format import ChatFormat, ChatFormatError, TurnParser, check
-from opd.agent.chat_tokens import holds_added_token, special_ids
+from opd.agent.chat_tokens import holds_added_token
 from opd.agent.tool_calls import ToolCall, ToolCallError
 from opd.config import ConfigError, validate
 from opd.data.sources import TaskSet
 from opd.envs import coding_prompt
 from opd.records import MASK, check_group
-from opd.serving.vllm_client import Generation
-from scripted import ScriptedClient, build_env
+from scripted import ScriptedClient, build_env, vllm_like
 
-FAMILY_NAMES = ["deepseek_r1_distill", "gpt_oss", "llama3", "mistral", "qwen2_5", "qwen3"]
+# Every real-model preset (qwen2_5_coder: Qwen2.5's tokenizer and template under its own preset).
+FAMILY_NAMES = ["deepseek_r1_distill", "gpt_oss", "llama3", "mistral", "qwen2_5", "qwen2_5_coder", "qwen3"]
 TASK = {"id": "t-add3", "task": "Write add_3(x) returning x + 3.", "test_code": "from solution import add_3\nassert add_3(1) == 4\n"}
 MATH = {"id": "m0", "problem": "What is 2 + 3?", "answer": "5"}
 
@@ -42,29 +42,6 @@ def families() -> dict[str, tuple[Path, object, ChatFormat]]:
         directory = tokenizer_dir(name)
         out[name] = (directory, load_tokenizer(str(directory)), ChatFormat.from_config(validate(compose([f"model={name}"])).model))
     return out
-
-
-def vllm_like(tokenizer, replies: list[str]):
-    """A scripted server that stops as vLLM does: on a stop string as text (the ids up to the
-    token that completes it, whatever the tokenisation), else on the end of the reply, adding
-    the end-of-turn token unless the reply already ends with a special token."""
-    queue = list(replies)
-    specials = special_ids(tokenizer)
-
-    def generate(prompt_ids, *, max_tokens, stop=None) -> Generation:
-        text = queue.pop(0)
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        for marker in stop or []:
-            at = text.find(marker)
-            if at != -1:
-                end = at + len(marker)
-                cut = next(n for n in range(1, len(ids) + 1) if len(tokenizer.decode(ids[:n], skip_special_tokens=False)) >= end)
-                return Generation(ids[:cut], [-0.5] * cut, "stop")
-        if not ids or ids[-1] not in specials:
-            ids = ids + [tokenizer.eos_token_id]
-        return Generation(ids, [-0.5] * len(ids), "stop")
-
-    return generate
 
 
 def env_for(families, family: str, env: str, replies: list[str], overrides: list[str] | None = None):
@@ -124,6 +101,7 @@ def test_the_check_names_model_template_and_what_is_missing(families, tmp_path: 
 CALLS = {
     "qwen3": ('<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n</tool_call>', "<tool_call>\n{'name': 'terminal'}\n</tool_call>"),
     "qwen2_5": ('<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n</tool_call>', "<tool_call>\n{'name': 'terminal'}\n</tool_call>"),
+    "qwen2_5_coder": ('<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n</tool_call>', "<tool_call>\n{'name': 'terminal'}\n</tool_call>"),
     # R1's text starts inside <think> (the template opens it): a call comes after </think>.
     "deepseek_r1_distill": ('Ok.\n</think>\n\n<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n</tool_call>',
                             "Ok.\n</think>\n\n<tool_call>\n{'name': 'terminal'}\n</tool_call>"),
@@ -255,6 +233,8 @@ INLINE = {
               "<think>\n<tool_call>\n{'name': 'calculator'}\n</tool_call>"),
     "qwen2_5": ('<think>\nI will compute 2 + 3.\n<tool_call>\n{"name": "calculator", "arguments": {"expr": "2 + 3"}}\n</tool_call>',
                 "<think>\n<tool_call>\n{'name': 'calculator'}\n</tool_call>"),
+    "qwen2_5_coder": ('<think>\nI will compute 2 + 3.\n<tool_call>\n{"name": "calculator", "arguments": {"expr": "2 + 3"}}\n</tool_call>',
+                      "<think>\n<tool_call>\n{'name': 'calculator'}\n</tool_call>"),
     "deepseek_r1_distill": ('I will compute 2 + 3.\n<tool_call>\n{"name": "calculator", "arguments": {"expr": "2 + 3"}}\n</tool_call>',
                             "<tool_call>\n{'name': 'calculator'}\n</tool_call>"),
     "llama3": ('<think>\nI will compute 2 + 3.\n{"name": "calculator", "parameters": {"expr": "2 + 3"}}<|eot_id|>',
@@ -278,11 +258,14 @@ def test_inline_math_runs_calls_in_each_format(families, family: str) -> None:
     details = group["overrides"][0]
     assert (details["tool_calls"], details["tool_errors"], details["correct"], details["finish"]) == (1, 0, True, "eos")
     assert details["reward_signals"]["format_violation"] == 0.0
-    # The response the env inserted is the family's text, masked; the call's ids were sampled.
+    # The response the env inserted is the family's text, naming the called function (and the
+    # call's id, for Mistral), masked; the call's ids were sampled.
     text = tokenizer.decode(group["tokens"][0], skip_special_tokens=False)
-    assert fmt.response_text({"value": 5}) in text
+    call_id = next((m["tool_call_id"] for m in group["messages"][0] if m.get("tool_call_id")), "")
+    response = fmt.response_text({"value": 5}, "calculator", call_id)
+    assert response in text
     inserted = [t for t, m in zip(group["tokens"][0], group["masks"][0]) if m == MASK]
-    assert fmt.response_text({"value": 5}) in tokenizer.decode(inserted, skip_special_tokens=False)
+    assert response in tokenizer.decode(inserted, skip_special_tokens=False)
     # The marker ends the sampled segment however it is tokenised (bytes for R1, one token elsewhere).
     assert text.count(fmt.call_end) >= 1
     # A malformed call: an error result, and the rollout goes on to its answer.

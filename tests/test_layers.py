@@ -23,7 +23,8 @@ LAYERS = [
     ["opd.sweep.state", "opd.sweep.progress", "opd.fixture"],
     ["opd.build"],
     ["opd.distributed"],
-    ["opd.experiment", "opd.atropos"],
+    # `python -m opd.records` is an entry point: its --rerender needs the environments' tools.
+    ["opd.experiment", "opd.atropos", "opd.records.__main__"],
     ["opd.sweep.callback"],
     ["experiments"],
 ]

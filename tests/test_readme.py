@@ -46,6 +46,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m experiments.launch env=inline_math total_steps=3 group_size=8 seed=1": ("run", "what a run gives you"),
     "python -m opd.records view outputs/runs/.../groups.jsonl [--tokenizer DIR] [--out page.html]": ("run", "on a run's groups"),
     "python -m opd.records check outputs/runs/.../groups.jsonl": ("run", "on a run's groups"),
+    "python -m opd.records check --rerender outputs/runs/.../groups.jsonl": ("run", "on a run's groups, with its model's chat template"),
     "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db": ("run", "serves the store the runs wrote"),
     "python -m opd.tracking.session": ("mention", "the tracking process the run starts itself"),
     "python -m experiments.launch experiment=closed_loop_inline_math": ("compose", "17 minutes of CPU training"),
@@ -322,6 +323,8 @@ def test_a_run_then_its_viewer_check_and_mlflow_ui(tmp_path: Path, scripted: str
     assert view.returncode == 0 and (tmp_path / "page.html").stat().st_size > 0, view.stderr
     check = _python("-m", "opd.records", "check", groups)
     assert check.returncode == 0, check.stdout + check.stderr
+    rerendered = _python("-m", "opd.records", "check", "--rerender", groups)
+    assert rerendered.returncode == 0 and "0 differences from it" in rerendered.stdout + rerendered.stderr, rerendered.stdout + rerendered.stderr
     run = _mlflow_ui_serves(f"sqlite:///{tmp_path}/mlflow.db", expect_run="inline_math fixture total_steps=3 group_size=8 seed=1", workdir=tmp_path)
     # Where the run was, group by group: in its log and on the MLflow run (not only the console's bar).
     log = (run_dir / "launch.log").read_text()

@@ -3,7 +3,10 @@ model of the family's real architecture with its real tokenizer and chat templat
 (opd.fixture.families), served by vLLM started with exactly the preset's arguments (parsers,
 reasoning parser, chat template, --max-logprobs; the opd_coding context length, which covers
 inline_math's). Random weights write noise: it must come back as valid records (noise counted as
-format violations, never a crash). One server per family serves both environments (qwen2_5 and
+format violations, never a crash), and the model must compute: a tiny model whose sampled tokens
+all have one logprob (gpt-oss's tied output layer, which vLLM's GptOssForCausalLM never loads,
+gave -ln(vocab) everywhere) is no test of the pipeline. Each server has the preset's start-up
+timeout (gpt-oss's is longer). One server per family serves both environments (qwen2_5 and
 qwen2_5_coder share one: their server arguments are the same); the next family's server starts
 while this one's runs go."""
 
@@ -52,7 +55,7 @@ class FamilyServers:
         if family in self.started:
             return
         model = str(build_model(family, self.tmp_path_factory.mktemp(f"{family}-model")))
-        settings = validate(compose([f"model={family}", "env=opd_coding", f"server.model={model}", "server.startup_timeout_s=600"])).server
+        settings = validate(compose([f"model={family}", "env=opd_coding", f"server.model={model}"])).server
         server = LocalVLLM(settings, model, self.tmp_path_factory.mktemp(f"{family}-vllm"))
         self.started[family] = (model, server, self.pool.submit(server.start))
 
@@ -119,9 +122,13 @@ def test_each_preset_writes_valid_records_through_vllm(served, env: str, tmp_pat
         for group in groups:
             assert check_group(group) == [], preset
             # Every rollout generated something, as vLLM sampled it (ids with their logprobs).
+            sampled = []
             for detail, masks, logprobs in zip(group["overrides"], group["masks"], group["inference_logprobs"]):
                 assert detail["generated_tokens"] > 0
                 assert sum(m != -100 for m in masks) == sum(lp != 1.0 for lp in logprobs) > 0
+                sampled += [round(lp, 3) for m, lp in zip(masks, logprobs) if m != -100]
+            # The model computes something: its logprobs are not one constant (a flat output layer).
+            assert len(set(sampled)) > 1, f"{preset}: every sampled token has logprob {sampled[0]}"
             if env == "inline_math":
                 # Noise is a format violation, scored as the flat penalty, never a crash.
                 assert all(d["reward_signals"]["format_violation"] in (0.0, 1.0) for d in group["overrides"])

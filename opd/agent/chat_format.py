@@ -17,13 +17,14 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 from typing import Any, Callable, Mapping
 
-from opd.agent.chat_tokens import encode_with_text_spans, render_ids
+from opd.agent.chat_tokens import encode_with_text_spans, render_ids, special_ids
 from opd.agent.tool_calls import ToolCall, ToolCallError, parse_tool_call
 from opd.config import ConfigError, project_path
 
@@ -86,10 +87,6 @@ class ChatFormat:
         """One call as the model is asked to write it."""
         return Template(self.call_template).substitute(name=json.dumps(name), function=name, arguments=json.dumps(arguments))
 
-    def response_text(self, result: Any) -> str:
-        """What inline_math inserts after a call (masked in the record)."""
-        return Template(self.response_template).substitute(result=json.dumps(result, ensure_ascii=False))
-
     def render(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None, add_generation_prompt: bool = False) -> str:
         """The chat template's text for `messages`, with this format's template arguments."""
         return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False, **self.render_kwargs)
@@ -99,12 +96,85 @@ class ChatFormat:
         token ever comes from them; `opd.agent.chat_tokens`)."""
         return render_ids(tokenizer, messages, tools, add_generation_prompt, self.render_kwargs)
 
-    def response_ids(self, tokenizer: Any, result: Any) -> list[int]:
-        """`response_text(result)` as ids: the format's markers as tokens, the result as text."""
-        text = self.response_text(result)
-        body = json.dumps(result, ensure_ascii=False)
-        start = len(Template(self.response_template.partition("$result")[0]).safe_substitute())
-        return encode_with_text_spans(tokenizer, text, [(start, start + len(body))])
+    def response_text(self, result: Any, function: str = "", call_id: str = "") -> str:
+        """What inline_math inserts after a call (masked in the record): `$result` as JSON, the
+        called function's name as `$function`, its call's id as `$call_id`."""
+        return self._response(result, function, call_id)[0]
+
+    def response_ids(self, tokenizer: Any, result: Any, function: str = "", call_id: str = "") -> list[int]:
+        """`response_text(...)` as ids: the format's markers as tokens, the result and the name
+        (which the model wrote) as text."""
+        text, spans = self._response(result, function, call_id)
+        return encode_with_text_spans(tokenizer, text, spans)
+
+    def _response(self, result: Any, function: str, call_id: str) -> tuple[str, list[tuple[int, int]]]:
+        """The response text and where the values it was filled with lie in it."""
+        values = {"result": json.dumps(result, ensure_ascii=False), "function": function, "call_id": call_id}
+        parts: list[str] = []
+        spans: list[tuple[int, int]] = []
+        at = 0
+        for found in Template.pattern.finditer(self.response_template):
+            parts.append(self.response_template[at:found.start()])
+            name = found.group("named") or found.group("braced")
+            if name is None:  # `$$`, a dollar sign
+                parts.append("$" if found.group("escaped") is not None else found.group())
+            elif name not in values:
+                raise ChatFormatError(f"model.tool_response_template: unknown placeholder ${name} (known: $result, $function, $call_id)")
+            else:
+                start = sum(map(len, parts))
+                parts.append(values[name])
+                spans.append((start, start + len(values[name])))
+            at = found.end()
+        parts.append(self.response_template[at:])
+        return "".join(parts), spans
+
+    def response_values(self, text: str) -> dict[str, str] | None:
+        """What a response text was filled with (`result` as JSON text, `function`, `call_id`:
+        the placeholders the template has), or None when `text` is not one of this format's."""
+        pattern: list[str] = []
+        seen: set[str] = set()
+        at = 0
+        for found in Template.pattern.finditer(self.response_template):
+            pattern.append(re.escape(self.response_template[at:found.start()]))
+            name = found.group("named") or found.group("braced")
+            if name is None:
+                pattern.append(re.escape("$" if found.group("escaped") is not None else found.group()))
+            elif name in seen:
+                pattern.append(f"(?P={name})")
+            else:
+                pattern.append("(?P<result>.*)" if name == "result" else f"(?P<{name}>.*?)")
+                seen.add(name)
+            at = found.end()
+        pattern.append(re.escape(self.response_template[at:]))
+        match = re.fullmatch("".join(pattern), text, re.DOTALL)
+        return match.groupdict() if match else None
+
+    def call_ends_message(self, tokenizer: Any) -> bool:
+        """Whether a call ends the assistant's message (its end marker is one special token:
+        Llama's <|eot_id|>, Mistral's </s>, Harmony's <|call|>): the result is then a tool message
+        of the template's, and any special token the model ends a message with (Llama's
+        <|eom_id|> too) ends the call."""
+        ids = tokenizer.encode(self.call_end, add_special_tokens=False)
+        return len(ids) == 1 and ids[0] in special_ids(tokenizer)
+
+    def reasoning_ended(self, tokenizer: Any, text: str, token_ids: list[int] | tuple[int, ...]) -> bool:
+        """Whether the model ended its reasoning before the first call it wrote in one stretch of
+        sampled text (`text`, from `token_ids`). Decided on the ids where the marker holds an added
+        token (Qwen3's and R1's `</think>`, Harmony's `<|channel|>final<|message|>`): the marker's
+        ids, sampled before the call starts; what a call's arguments hold (a program printing
+        `</think>`) is the call's. A marker of ordinary tokens (`</think>` for Llama or Mistral) is
+        looked for in the text before the call."""
+        start = text.find(self.call_start)
+        head = text if start == -1 else text[:start]
+        marker = tokenizer.encode(self.reasoning_end, add_special_tokens=False)
+        added = set(tokenizer.added_tokens_decoder)
+        if not marker or not any(i in added for i in marker):
+            return self.reasoning_end in head
+        ids = list(token_ids)
+        for at in range(len(ids) - len(marker) + 1):
+            if ids[at:at + len(marker)] == marker:
+                return self.call_start not in tokenizer.decode(ids[:at], skip_special_tokens=False)
+        return False
 
 
 @dataclass(frozen=True)
@@ -281,16 +351,27 @@ def _harmony_channel(text: str, channel: str) -> str:
     return "\n".join(parts)
 
 
+def harmony_recipient(text: str) -> str | None:
+    """The function a sampled Harmony turn's last call addresses (`to=functions.NAME`), as the
+    model wrote it (None: it addresses none)."""
+    _, found, rest = text.rpartition("to=functions.")
+    if not found:
+        return None
+    name = rest.split("<|", 1)[0].split(maxsplit=1)
+    return name[0] if name else None
+
+
 def harmony_message(text: str, calls: list[ToolCall | ToolCallError]) -> dict[str, Any]:
     """A sampled gpt-oss turn as the Harmony chat template takes it: the analysis channel as
-    `thinking`, the final channel as `content`, the first call as `tool_calls` (one per message)."""
+    `thinking`, the final channel as `content`, the first call as `tool_calls` (one per message;
+    a malformed call under the name the model addressed, which its result then names)."""
     message: dict[str, Any] = {"role": "assistant", "content": _harmony_channel(text, "final")}
     thinking = _harmony_channel(text, "analysis")
     if thinking:
         message["thinking"] = thinking
     first = next((c for c in calls if isinstance(c, ToolCall)), None)
     if calls:
-        name, arguments = (first.name, first.arguments) if first is not None else ("invalid_tool_call", {})
+        name, arguments = (first.name, first.arguments) if first is not None else (harmony_recipient(text) or "invalid_tool_call", {})
         message["tool_calls"] = [{"type": "function", "function": {"name": name, "arguments": arguments}}]
         message["content"] = ""  # the template takes the analysis of a call from `thinking` only
     return message

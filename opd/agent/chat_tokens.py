@@ -18,6 +18,7 @@ its ids are exactly the template's.
 from __future__ import annotations
 
 import json
+import pickle
 import uuid
 from typing import Any, Callable, Iterable, Mapping
 
@@ -76,45 +77,91 @@ def holds_added_token(tokenizer: Any, text: Any) -> bool:
     return isinstance(text, str) and any(t in text for t in added_token_texts(tokenizer))
 
 
-def _plain(tokenizer: Any) -> Any:
-    """The tokenizer's normaliser, pre-tokenizer and model without its added tokens (built once)."""
-    plain = getattr(tokenizer, "_opd_plain", None)
-    if plain is None:
-        from tokenizers import Tokenizer
+def _plain_ids(tokenizer: Any, text: str, first: bool = True) -> list[int]:
+    """`text` through the tokenizer's normaliser, pre-tokenizer and model, without its added
+    tokens: ordinary tokens only. `first=False`: for a section that does not start what is
+    tokenized, as the whole tokenizer tokenizes a section after an added token (a Metaspace
+    pre-tokenizer that puts its "▁" before the first section only, as Mistral's does, puts none there)."""
+    backend = tokenizer.backend_tokenizer
+    if backend.normalizer is not None:
+        text = backend.normalizer.normalize_str(text)
+    pre = backend.pre_tokenizer if first else _inner_pre_tokenizer(tokenizer)
+    pieces = [piece for piece, _ in pre.pre_tokenize_str(text)] if pre is not None else [text]
+    return [token.id for piece in pieces for token in backend.model.tokenize(piece)]
 
-        data = json.loads(tokenizer.backend_tokenizer.to_str())
-        data["added_tokens"] = []
-        data["post_processor"] = None
-        plain = Tokenizer.from_str(json.dumps(data))
-        plain.no_padding()
-        plain.no_truncation()
-        tokenizer._opd_plain = plain
-    return plain
+
+def _inner_pre_tokenizer(tokenizer: Any) -> Any:
+    """The pre-tokenizer with a Metaspace's "▁ before the first section" off (built once)."""
+    cached = getattr(tokenizer, "_opd_inner_pre", None)
+    if cached is None:
+        pre = tokenizer.backend_tokenizer.pre_tokenizer
+        cached = pre
+        if pre is not None:
+            state = json.loads(pre.__getstate__())
+            if _never_prepend(state):
+                cached = pickle.loads(pickle.dumps(pre))
+                cached.__setstate__(json.dumps(state).encode())
+        tokenizer._opd_inner_pre = cached
+    return cached
+
+
+def _never_prepend(pre_tokenizer: Any) -> bool:
+    """Turn a Metaspace pre-tokenizer's "▁ before the first section" off (in a Sequence too);
+    whether there was one."""
+    if not isinstance(pre_tokenizer, dict):
+        return False
+    changed = False
+    if pre_tokenizer.get("type") == "Metaspace" and pre_tokenizer.get("prepend_scheme") == "first":
+        pre_tokenizer["prepend_scheme"] = "never"
+        changed = True
+    for inner in pre_tokenizer.get("pretokenizers") or []:
+        changed |= _never_prepend(inner)
+    return changed
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
     """`text` as ordinary tokens: the text of an added token in it is never that token."""
     if not holds_added_token(tokenizer, text):
         return tokenizer.encode(text, add_special_tokens=False)
-    return list(_plain(tokenizer).encode(text, add_special_tokens=False).ids)
+    return _plain_ids(tokenizer, text)
 
 
 def encode_with_text_spans(tokenizer: Any, text: str, spans: Iterable[tuple[int, int]]) -> list[int]:
     """`text` tokenized whole, except that each span `[start, end)` holding an added token's text
-    is tokenized as text (`encode_text`); markers outside the spans are the template's."""
+    is text: only the added tokens outside the spans (the template's markers) are control tokens.
+    Text without such spans gets exactly `tokenizer.encode`'s ids."""
     risky = sorted((a, b) for a, b in spans if b > a and holds_added_token(tokenizer, text[a:b]))
     if not risky:
         return tokenizer.encode(text, add_special_tokens=False)
+    return encode_sections(tokenizer, text, risky)
+
+
+def encode_sections(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> list[int]:
+    """`text` as the whole tokenizer tokenizes it, where only the added tokens it finds outside
+    `spans` count: it splits its input at added tokens and tokenizes each section between them on
+    its own, and so does this, splitting at those markers only. A span's bytes are kept exactly:
+    no space is added where a span starts (as a tokenizer that puts "▁" before the start of its
+    input would add to a span tokenized alone), and no token is merged across a span's edge that
+    the section's own tokenization would not merge."""
+    whole = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+    added = set(tokenizer.added_tokens_decoder)
     ids: list[int] = []
     at = 0
-    for start, end in risky:
-        if start > at:
-            ids += tokenizer.encode(text[at:start], add_special_tokens=False)
-        ids += encode_text(tokenizer, text[start:end])
+    for token, (start, end) in zip(whole.ids, whole.offsets):
+        # A marker: an added token wholly outside every span (one that overlaps a span is text).
+        if token not in added or end <= start or any(start < b and a < end for a, b in spans):
+            continue
+        ids += _section(tokenizer, text, at, start)
+        ids.append(token)
         at = end
-    if at < len(text):
-        ids += tokenizer.encode(text[at:], add_special_tokens=False)
-    return ids
+    return ids + _section(tokenizer, text, at, len(text))
+
+
+def _section(tokenizer: Any, text: str, start: int, end: int) -> list[int]:
+    """The ids of `text[start:end]`, a section between markers, as ordinary tokens."""
+    if end <= start:
+        return []
+    return _plain_ids(tokenizer, text[start:end], first=start == 0)
 
 
 def content_spans(render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]],

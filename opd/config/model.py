@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from string import Template
 from typing import Any, Optional
 
 from omegaconf import MISSING
 
 from opd.config.checks import Check, at_least, checked, nonempty, one_of
+
+
+def _placeholders(template: str) -> set[str]:
+    """The `$name` / `${name}` placeholders of a `string.Template` text."""
+    return {m.group("named") or m.group("braced") for m in Template.pattern.finditer(template) if m.group("named") or m.group("braced")}
 
 
 @dataclass
@@ -59,11 +65,13 @@ class ModelConfig:
     tool_call_end: str = checked(nonempty("a non-empty marker"))
     call_template: str = checked(Check("a template with $arguments and $name (JSON) or $function (bare)",
                                        lambda v: "$arguments" in v and ("$name" in v or "$function" in v)))
-    tool_response_template: str = checked(Check("a template with $result", lambda v: "$result" in v))
+    tool_response_template: str = checked(Check("a template with $result (and no placeholders but $result, $function and $call_id)",
+                                                lambda v: "$result" in v and _placeholders(v) <= {"result", "function", "call_id"}))
     required_tokens: list[str] = MISSING
     chat_template: Optional[str] = MISSING
     chat_template_kwargs: dict[str, Any] = MISSING
     tool_call_ids: Optional[str] = checked(one_of("mistral"), null="none")
+    startup_timeout_s: float = checked(at_least(1))
     reasoning_end: str = MISSING
     sampling: ModelSampling = MISSING
     inline_math: ModelInlineMath = MISSING

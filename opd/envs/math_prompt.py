@@ -48,16 +48,39 @@ def system_prompt(fmt: ChatFormat, tool_instruction: bool = False) -> str:
     return f"{text} {TOOL_INSTRUCTION}" if tool_instruction else text
 
 
-def few_shots(fmt: ChatFormat) -> list[tuple[str, str]]:
+def few_shots(fmt: ChatFormat, think_opened: bool = False) -> list[tuple[str, str]]:
     """The static few-shot examples with `fmt`'s call and response text (the fixture's FEW_SHOTS
-    for the Hermes format; none for Harmony, whose template takes channels as fields, not text)."""
+    for the Hermes format; none for Harmony, whose template takes channels as fields, not text).
+    `think_opened`: the template opens `<think>` before every assistant turn (the R1 distills'),
+    so the examples start inside it, as the model's own turns do."""
     if fmt.harmony:
         return []
     out = []
-    for (user, _), (thought, name, arguments, result, answer) in zip(FEW_SHOTS, _SHOTS):
-        out.append((user, f"<think>\n{thought}\n{fmt.call_text(name, arguments)}{fmt.response_text(result)}"
+    opening = "" if think_opened else "<think>\n"
+    for index, ((user, _), (thought, name, arguments, result, answer)) in enumerate(zip(FEW_SHOTS, _SHOTS)):
+        # A Mistral result names its call's id: a fixed one per example keeps the prompt the same.
+        call_id = f"example{index + 1:02d}" if fmt.tool_call_ids == "mistral" else ""
+        out.append((user, f"{opening}{thought}\n{fmt.call_text(name, arguments)}{fmt.response_text(result, name, call_id)}"
                           f"The tool gives {answer}.\n</think>\n\nThe answer is \\boxed{{{answer}}}."))
     return out
+
+
+def template_opens_think(fmt: ChatFormat, tokenizer: Any, tools: list[dict[str, Any]]) -> bool:
+    """Whether the chat template opens `<think>` itself before an assistant turn's text (the R1
+    distills' template does, for every turn)."""
+    probe = "opdprobe"
+    text = fmt.render(tokenizer, [{"role": "user", "content": "x"}, {"role": "assistant", "content": probe}], tools)
+    return f"<think>\n{probe}" in text
+
+
+def template_keeps_shots(fmt: ChatFormat, tokenizer: Any, tools: list[dict[str, Any]], system: str, shots: list[tuple[str, str]]) -> bool:
+    """Whether the chat template renders each few-shot answer whole (its thinking, calls and
+    results) as an earlier assistant turn. Qwen3's keeps only what follows `</think>` of turns
+    before the last user message, so the examples would teach a bare answer."""
+    if not shots:
+        return True
+    text = fmt.render(tokenizer, build_messages("x", shots, system), tools, add_generation_prompt=True)
+    return all(answer.strip() in text for _, answer in shots)
 
 
 def tool_response_text(result: dict[str, Any]) -> str:
@@ -92,10 +115,20 @@ def build_messages(
     problem: str,
     few_shots: list[tuple[str, str]],
     system_prompt: str = SYSTEM_PROMPT,
+    shots_in_system: bool = False,
 ) -> list[dict[str, str]]:
-    """System prompt, few-shot (user, assistant) pairs in order, then the problem."""
+    """System prompt, few-shot (user, assistant) pairs in order, then the problem. With
+    `shots_in_system` the pairs are text at the end of the system prompt instead of turns (for a
+    template that drops what earlier assistant turns hold)."""
+    if shots_in_system and few_shots:
+        examples = "\n\n".join(f"Example {n}.\nProblem: {user}\nYour whole answer: {assistant}" for n, (user, assistant) in enumerate(few_shots, 1))
+        return [{"role": "system", "content": f"{system_prompt}\n\n{EXAMPLES_HEADING}\n\n{examples}"}, {"role": "user", "content": problem}]
     messages = [{"role": "system", "content": system_prompt}]
     for user, assistant in few_shots:
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
     messages.append({"role": "user", "content": problem})
     return messages
+
+
+# What introduces the few-shots where they are part of the system prompt.
+EXAMPLES_HEADING = "Examples of the whole protocol, each a problem and your whole answer to it (thinking, tool calls, their results, the answer):"

@@ -1,5 +1,7 @@
 """`python -m opd.records check FILE [FILE ...]`: check every group of record files (exit 1 on any
-problem); `python -m opd.records view FILE [--tokenizer DIR] [--out HTML]`: write its viewer.
+problem); with `--rerender`, also render each rollout's conversation with the chat template of the
+model that wrote it and report where the ids differ (`opd.envs.rerender`);
+`python -m opd.records view FILE [--tokenizer DIR] [--out HTML]`: write its viewer.
 
 Both read with `opd.records.reader` (the reader resume uses too, with the same limits; the flags
 below change them for one command) and print one line per problem, naming the file and the line,
@@ -18,7 +20,7 @@ from typing import Any
 
 from opd.cli import fail
 from opd.records.escape import console
-from opd.records.reader import LIMITS, Limits, digest, is_gzip, records
+from opd.records.reader import LIMITS, Limits, digest, is_gzip, read_groups, records
 from opd.records.rules import check_group
 from opd.run_files import open_file
 
@@ -64,9 +66,13 @@ def check_file(path: Path, limits: Limits = LIMITS, follow: bool = True) -> tupl
     return count, problems
 
 
-def _check(paths: list[Path], limits: Limits) -> int:
+def _check(paths: list[Path], limits: Limits, rerender: bool = False, config: Path | None = None, tokenizer: Path | None = None) -> int:
     for path in paths:
         _readable(path)
+    if config is not None and not config.is_file():
+        fail(f"--config={console(str(config))!r}: no such file; give the run's config.yaml")
+    if tokenizer is not None and not tokenizer.is_dir():
+        fail(f"--tokenizer={console(str(tokenizer))!r}: no such directory; give the model's tokenizer directory")
     failed = False
     for path in paths:
         count, problems = check_file(path, limits)
@@ -74,7 +80,53 @@ def _check(paths: list[Path], limits: Limits) -> int:
             logger.error("%s: %s", console(str(path)), problem)
         logger.info("%s: %d groups, %d problems", console(str(path)), count, len(problems))
         failed |= bool(problems) or count == 0
+        if rerender and count and not problems:  # a file that breaks the format's rules is not re-rendered
+            failed |= _rerender(path, config or path.parent / "config.yaml", tokenizer, limits) != 0
     return 1 if failed else 0
+
+
+def rerender_file(path: Path, config: Path, tokenizer: Path | None = None, limits: Limits = LIMITS) -> tuple[list[str], list[str]]:
+    """(errors, notes) of re-rendering every rollout of `path` with the chat template of the run
+    whose config is `config`: errors where the prompt or inserted ids are not the template's,
+    notes where the template re-renders a sampled turn otherwise (`opd.agent.rerender`)."""
+    # The comparison knows the environments' tools: it lives above the records' layer.
+    from opd.build import resolve_model
+    from opd.config import ConfigError
+    from opd.envs.rerender import Renderer, RerenderError, rerender_group
+
+    try:
+        renderer = Renderer.for_run(config, tokenizer, resolve_model)
+    except (RerenderError, ConfigError) as err:
+        return [str(err)], []
+    errors: list[str] = []
+    notes: list[str] = []
+    try:
+        for number, group in enumerate(read_groups(path, limits, follow=True), 1):
+            for index, difference in rerender_group(group, renderer):
+                where = f"group {number}" + (f" rollout {index}" if index >= 0 else "")
+                (errors if difference.error else notes).append(f"{where}: {difference.describe(renderer.tokenizer)}")
+    except (ValueError, OSError) as err:
+        errors.append(str(err))
+    return errors, notes
+
+
+# Notes shown per file (the rest are counted): a family whose template re-renders every sampled
+# turn otherwise has some in every rollout.
+MAX_NOTES_SHOWN = 10
+
+
+def _rerender(path: Path, config: Path, tokenizer: Path | None, limits: Limits) -> int:
+    errors, notes = rerender_file(path, config, tokenizer, limits)
+    shown = console(str(path))
+    for error in errors:
+        logger.error("%s: %s", shown, console(error))
+    for note in notes[:MAX_NOTES_SHOWN]:
+        logger.info("%s: %s", shown, console(note))
+    if len(notes) > MAX_NOTES_SHOWN:
+        logger.info("%s: ... and %d more places in sampled turns the template renders otherwise", shown, len(notes) - MAX_NOTES_SHOWN)
+    logger.info("%s: re-rendered with the chat template of the run of %s: %d differences from it in prompts or inserted text, "
+                "%d places in sampled turns it renders otherwise", shown, console(str(config)), len(errors), len(notes))
+    return 1 if errors else 0
 
 
 def _readable(path: Path) -> None:
@@ -135,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="check every group of record files", parents=[limits])
     check.add_argument("files", nargs="+", type=Path)
+    check.add_argument("--rerender", action="store_true",
+                       help="also render each rollout's conversation with the model's chat template and report where the ids differ")
+    check.add_argument("--config", type=Path, help="the run's config.yaml (default: the one beside each FILE)")
+    check.add_argument("--tokenizer", type=Path, help="the model's tokenizer directory (default: the config's server.model)")
     view = commands.add_parser("view", help="write the HTML viewer of a record file", parents=[limits])
     view.add_argument("file", type=Path, help="groups.jsonl or groups.jsonl.gz")
     view.add_argument("--tokenizer", default=str(FIXTURE_MODEL),
@@ -145,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = dataclasses.replace(LIMITS, max_line_bytes=int(args.max_line_mb * 2**20), max_ratio=args.max_ratio)
     if args.command == "view":
         return _view(args.file, args.tokenizer, args.out, chosen)
-    return _check(args.files, chosen)
+    return _check(args.files, chosen, args.rerender, args.config, args.tokenizer)
 
 
 if __name__ == "__main__":
