@@ -440,6 +440,14 @@ def test_a_failed_sweep_job_says_why_at_once_in_its_console_line_its_log_and_its
     assert "Traceback" not in proc.stdout
     log = (sweep_dir / "0" / "launch.log").read_text()
     assert log.splitlines()[-1].endswith(first) and "Traceback" in log
-    _, _, children = _runs(f"sqlite:///{store}")
+    client, (parent,), children = _runs(f"sqlite:///{store}")
     assert sorted(c.data.tags.get("opd.error") for c in children) == ["RuntimeError: boom in the job with seed 1", "RuntimeError: boom in the job with seed 2"]
     assert all(c.info.status == "FAILED" for c in children)
+    # The sweep in MLflow's UI: an experiment of the classic kind, with a saved view of the jobs'
+    # runs whose columns are the swept keys and the objective, and its link on the console.
+    experiment = client.get_experiment(parent.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(experiment.tags[f"mlflow.sharedViewState.{parent.info.run_id}"])
+    assert view["name"] == parent.info.run_name
+    assert json.loads(view["state"])["selectedColumns"] == ["params.`seed`", "metrics.`objective`"]
+    assert f"#/experiments/{experiment.experiment_id}/runs?viewStateShareKey={parent.info.run_id}&workflowType=machine_learning" in proc.stdout
