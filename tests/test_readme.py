@@ -104,7 +104,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m opd.records check": ("mention", "the command above, named in the guarantees table"),
     "python -m opd.fixture.families model qwen3 --out /tmp/tiny-qwen3":
         ("mention", "built for every family and run by tests/test_real_models_vllm.py (slow: a vLLM server per family)"),
-    "python -m experiments.launch model=qwen3 server.model=/tmp/tiny-qwen3 env=opd_coding total_steps=2 group_size=2":
+    "python -m experiments.launch model=qwen3 server.model=/tmp/tiny-qwen3 env=opd_coding total_steps=2 group_size=2 env.max_tokens_per_turn=192":
         ("mention", "run for every preset and both envs by tests/test_real_models_vllm.py"),
 }
 
