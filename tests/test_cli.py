@@ -91,6 +91,8 @@ ENTRY_POINTS = [
     (["experiments.bench", "e2e", "--url", DEAD], f"error: --url: nothing answers at {DEAD}"),
     (["experiments.bench", "overhead", "--set", "env.max_tool_cals=3"], "error: --set env.max_tool_cals=3: env.max_tool_cals is not a config key; did you mean env.max_tool_calls?"),
     (["experiments.bench", "startup", "--root", "{tmp}"], "error: --root='{tmp}': not a checkout of this project"),
+    (["opd.records", "check", "--rerender", "--config", "/no/such/config.yaml", "{groups}"], "error: --config='/no/such/config.yaml': no such file"),
+    (["opd.records", "check", "--rerender", "--tokenizer", "/no/such/model", "{groups}"], "error: --tokenizer='/no/such/model': no such directory"),
 ]
 
 
