@@ -70,8 +70,9 @@ def test_a_runs_experiment_is_of_mlflows_classic_kind_unless_its_kind_was_chosen
     gets it, and one whose kind its user chose keeps it."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = _client(uri)
-    old = client.create_experiment("made_before")
-    chosen = client.create_experiment("chosen", tags={"mlflow.experimentKind": "genai_development"})
+    where = (tmp_path / "mlruns").as_uri()  # not MLflow's default, ./mlruns of the current directory
+    old = client.create_experiment("made_before", artifact_location=where)
+    chosen = client.create_experiment("chosen", artifact_location=where, tags={"mlflow.experimentKind": "genai_development"})
     for name in ("tracking_test", "made_before", "chosen"):
         (tmp_path / name).mkdir()
         with open_run(_tracking(f"tracking.uri={uri}", f"tracking.experiment={name}"), tmp_path / name, {"x": 1}, _info()) as tracker:
