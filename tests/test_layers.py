@@ -18,6 +18,8 @@ LAYERS = [
     ["opd.config", "opd.cli", "opd.event_loop", "opd.latency", "opd.run_files"],
     ["opd.records", "opd.tracking.traces", "opd.tracking.store"],
     ["opd.serving", "opd.data", "opd.train"],
+    # Records as a dataset: the rows carry the trainer's group-normalised advantage (opd.train.batch).
+    ["opd.records.export"],
     ["opd.tools"],
     ["opd.rewards", "opd.agent"],
     ["opd.distill"],

@@ -47,6 +47,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m opd.records view outputs/runs/.../groups.jsonl [--tokenizer DIR] [--out page.html]": ("run", "on a run's groups"),
     "python -m opd.records check outputs/runs/.../groups.jsonl": ("run", "on a run's groups"),
     "python -m opd.records check --rerender outputs/runs/.../groups.jsonl": ("run", "on a run's groups, with its model's chat template"),
+    "python -m opd.records export outputs/runs/.../ --format parquet --out outputs/dataset": ("run", "on a run's directory; `datasets` loads it"),
     "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db": ("run", "serves the store the runs wrote"),
     "python -m opd.tracking.session": ("mention", "the tracking process the run starts itself"),
     "python -m experiments.launch experiment=closed_loop_inline_math": ("compose", "17 minutes of CPU training"),
@@ -102,6 +103,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "scripts/lock.sh": ("syntax", "as above"),
     "python -m opd.records": ("mention", "the module of view and check"),
     "python -m opd.records check": ("mention", "the command above, named in the guarantees table"),
+    "python -m opd.records export": ("mention", "the export command above, named in the README's list of pages"),
     "python -m opd.fixture.families model qwen3 --out /tmp/tiny-qwen3":
         ("mention", "built for every family and run by tests/test_real_models_vllm.py (slow: a vLLM server per family)"),
     "python -m experiments.launch model=qwen3 server.model=/tmp/tiny-qwen3 env=opd_coding total_steps=2 group_size=2":
@@ -310,6 +312,12 @@ def test_a_run_then_its_viewer_check_and_mlflow_ui(tmp_path: Path, scripted: str
     assert check.returncode == 0, check.stdout + check.stderr
     rerendered = _python("-m", "opd.records", "check", "--rerender", groups)
     assert rerendered.returncode == 0 and "0 differences from it" in rerendered.stdout + rerendered.stderr, rerendered.stdout + rerendered.stderr
+    exported = _python("-m", "opd.records", "export", str(run_dir), "--format", "parquet", "--out", str(tmp_path / "dataset"))
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    import datasets
+
+    rows = datasets.load_dataset("parquet", data_dir=str(tmp_path / "dataset"), split="train")
+    assert len(rows) == 3 * 8 and rows.features["completion_ids"].feature.dtype == "int32"
     _mlflow_ui_serves(f"sqlite:///{tmp_path}/mlflow.db", expect_run="inline_math fixture total_steps=3 group_size=8 seed=1", workdir=tmp_path)
 
 
