@@ -1,6 +1,6 @@
 """Every command the README shows works as written, so the README cannot drift from the code.
 
-The commands are read out of README.md and the pages it links in docs/ (their indented code
+The commands are read out of README.md and every page in docs/ (their indented code
 blocks, and inline commands that start with `python -m`, `mlflow` or `scripts/`); each must have a
 check in `CHECKS` below and each check a command in one of them. What a check does depends on what this machine allows:
 - `run`: run as a user would (`python -m ...` from the project root), placeholders such as
@@ -34,7 +34,7 @@ from helpers import mlflow_serving
 from opd.config import validate
 
 README = ROOT / "README.md"
-# The README and the pages it links (guarantees, performance, reference defaults).
+# The README and every page in docs/ (the README must link each one).
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 # command as the README writes it -> (check, why or what it needs)
@@ -103,7 +103,6 @@ CHECKS: dict[str, tuple[str, str]] = {
     "scripts/lock.sh": ("syntax", "as above"),
     "python -m opd.records": ("mention", "the module of view and check"),
     "python -m opd.records check": ("mention", "the command above, named in the guarantees table"),
-    "python -m opd.records export": ("mention", "the export command above, named in the README's list of pages"),
     "python -m opd.fixture.families model qwen3 --out /tmp/tiny-qwen3":
         ("mention", "built for every family and run by tests/test_real_models_vllm.py (slow: a vLLM server per family)"),
     "python -m experiments.launch model=qwen3 server.model=/tmp/tiny-qwen3 env=opd_coding total_steps=2 group_size=2":
@@ -146,6 +145,16 @@ def test_every_readme_command_has_a_check_and_every_check_a_command() -> None:
     stale = [c for c in CHECKS if c not in commands]
     assert not unchecked, "README commands without a check in tests/test_readme.py:\n" + "\n".join(unchecked)
     assert not stale, "checks of commands no longer in the README:\n" + "\n".join(stale)
+
+
+def test_the_readme_is_a_front_page_with_the_two_commands_first() -> None:
+    """A page a newcomer reads in minutes (the rest is in docs/), opening with the two commands for
+    a fresh machine, the second of them the one `.ci/run` runs."""
+    assert len(README.read_text().splitlines()) <= 300
+    first, second = readme_commands()[:2]
+    assert first.startswith("scripts/install.sh && .venv/bin/python -m experiments.launch ")
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == [second] == ["scripts/install.sh && .venv/bin/python -m pytest"]
 
 
 def _anchor(heading: str) -> str:
