@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, compose
 from opd.config import validate
 from opd.data.sources import TaskSet
-from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, MASKED_LOGPROB, GroupWriter, check_group
+from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, GroupWriter, check_group
 from opd.records.__main__ import main
 from opd.serving.vllm_client import Generation, PromptScores
 from opd.train.batch import group_advantages
