@@ -35,8 +35,8 @@ from opd.sinks.base import Sink
 from opd.sweep.progress import SUMMARY_FILE, job_line
 from opd.sweep.state import SweepJob, run_name, shared_server_for, shared_teacher_for
 from opd.tracking.store import absolute_tracking_uri
+from opd.tracking.mlflow_run import DatasetRef, RunInfo, Tracker, model_label, open_run, previous_run_id, run_title, source_tags
 from opd.tracking.ui import run_link, ui_base, ui_command
-from opd.tracking.mlflow_run import DatasetRef, RunInfo, Tracker, open_run, previous_run_id, run_title, source_tags
 
 logger = logging.getLogger(__name__)
 
@@ -109,17 +109,6 @@ def run_info(cfg: Config, job: SweepJob | None, data: TaskSet, asked: list[str] 
         experiment_id=job.state.experiment_id if job else None,
         tags=tags, swept=job.swept if job else {}, dataset=dataset, started=started, source=source_tags(sys.argv),
     )
-
-
-def model_label(cfg: Config) -> str:
-    """The model in a run's name: the preset's name for its own checkpoint (`fixture`, `qwen3`),
-    else the checkpoint's last path part (`Qwen3-4B`)."""
-    from opd.fixture.build import DEFAULT_DIR as FIXTURE_DIR
-
-    model = cfg.server.model.rstrip("/")
-    if model in (cfg.model.path, "fixture") or Path(model).resolve() == FIXTURE_DIR.resolve():
-        return cfg.model.name
-    return model.rsplit("/", 1)[-1] or model
 
 
 def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | None = None) -> float:

@@ -1,6 +1,6 @@
 """Model-written code as an attacker, through the real entry points: the python tool, the agent's
 terminal and file tools, the coding reward's test run, the math reward. Each class of attack in
-the README's "Guarantees" table is here and must be contained:
+docs/guarantees.md is here and must be contained:
 
 1. rollouts isolated from one another (files, environment, memory, processes);
 2. no privileged walk over paths the code controls (symlink swaps while the tools run);

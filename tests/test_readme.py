@@ -1,6 +1,6 @@
 """Every command the README shows works as written, so the README cannot drift from the code.
 
-The commands are read out of README.md and the pages it links in docs/ (their indented code
+The commands are read out of README.md and every page in docs/ (their indented code
 blocks, and inline commands that start with `python -m`, `mlflow` or `scripts/`); each must have a
 check in `CHECKS` below and each check a command in one of them. What a check does depends on what this machine allows:
 - `run`: run as a user would (`python -m ...` from the project root), placeholders such as
@@ -34,7 +34,7 @@ from helpers import mlflow_serving
 from opd.config import validate
 
 README = ROOT / "README.md"
-# The README and the pages it links (guarantees, performance, reference defaults).
+# The README and every page in docs/ (the README must link each one).
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 # command as the README writes it -> (check, why or what it needs)
@@ -47,6 +47,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m opd.records view outputs/runs/.../groups.jsonl [--tokenizer DIR] [--out page.html]": ("run", "on a run's groups"),
     "python -m opd.records check outputs/runs/.../groups.jsonl": ("run", "on a run's groups"),
     "python -m opd.records check --rerender outputs/runs/.../groups.jsonl": ("run", "on a run's groups, with its model's chat template"),
+    "python -m opd.records export outputs/runs/.../ --format parquet --out outputs/dataset": ("run", "on a run's directory; `datasets` loads it"),
     "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db": ("run", "serves the store the runs wrote"),
     "python -m opd.tracking.session": ("mention", "the tracking process the run starts itself"),
     "python -m experiments.launch experiment=closed_loop_inline_math": ("compose", "17 minutes of CPU training"),
@@ -144,6 +145,16 @@ def test_every_readme_command_has_a_check_and_every_check_a_command() -> None:
     stale = [c for c in CHECKS if c not in commands]
     assert not unchecked, "README commands without a check in tests/test_readme.py:\n" + "\n".join(unchecked)
     assert not stale, "checks of commands no longer in the README:\n" + "\n".join(stale)
+
+
+def test_the_readme_is_a_front_page_with_the_two_commands_first() -> None:
+    """A page a newcomer reads in minutes (the rest is in docs/), opening with the two commands for
+    a fresh machine, the second of them the one `.ci/run` runs."""
+    assert len(README.read_text().splitlines()) <= 300
+    first, second = readme_commands()[:2]
+    assert first.startswith("scripts/install.sh && .venv/bin/python -m experiments.launch ")
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == [second] == ["scripts/install.sh && .venv/bin/python -m pytest"]
 
 
 def _anchor(heading: str) -> str:
@@ -325,6 +336,12 @@ def test_a_run_then_its_viewer_check_and_mlflow_ui(tmp_path: Path, scripted: str
     assert check.returncode == 0, check.stdout + check.stderr
     rerendered = _python("-m", "opd.records", "check", "--rerender", groups)
     assert rerendered.returncode == 0 and "0 differences from it" in rerendered.stdout + rerendered.stderr, rerendered.stdout + rerendered.stderr
+    exported = _python("-m", "opd.records", "export", str(run_dir), "--format", "parquet", "--out", str(tmp_path / "dataset"))
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    import datasets
+
+    rows = datasets.load_dataset("parquet", data_dir=str(tmp_path / "dataset"), split="train")
+    assert len(rows) == 3 * 8 and rows.features["completion_ids"].feature.dtype == "int32"
     run = _mlflow_ui_serves(f"sqlite:///{tmp_path}/mlflow.db", expect_run="inline_math fixture total_steps=3 group_size=8 seed=1", workdir=tmp_path)
     # Where the run was, group by group: in its log and on the MLflow run (not only the console's bar).
     log = (run_dir / "launch.log").read_text()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from conftest import ROOT, compose
 from opd.config import validate
-from opd.experiment import model_label, summary_table
+from opd.experiment import summary_table
+from opd.tracking.mlflow_run import model_label
 
 
 def test_a_run_with_a_model_path_is_named_by_its_preset_or_checkpoint() -> None:

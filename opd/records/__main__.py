@@ -1,9 +1,11 @@
 """`python -m opd.records check FILE [FILE ...]`: check every group of record files (exit 1 on any
 problem); with `--rerender`, also render each rollout's conversation with the chat template of the
 model that wrote it and report where the ids differ (`opd.envs.rerender`);
-`python -m opd.records view FILE [--tokenizer DIR] [--out HTML]`: write its viewer.
+`python -m opd.records view FILE [--tokenizer DIR] [--out HTML]`: write its viewer;
+`python -m opd.records export FILE|RUN_DIR --format parquet|jsonl --out DIR`: one row per rollout,
+for `datasets.load_dataset` and trainers (`opd.records.export`, docs/records.md).
 
-Both read with `opd.records.reader` (the reader resume uses too, with the same limits; the flags
+All three read with `opd.records.reader` (the reader resume uses too, with the same limits; the flags
 below change them for one command) and print one line per problem, naming the file and the line,
 with control and bidi characters from the file escaped. A file that is not there, a tokenizer that
 cannot be had or a page that cannot be written stops the command with one line (`error: ...`),
@@ -178,6 +180,22 @@ def _view(path: Path, tokenizer: str, out: Path | None, limits: Limits) -> int:
     return 0
 
 
+def _export(source: Path, fmt: str, out: Path, model: str | None, limits: Limits) -> int:
+    from opd.records.export import ExportError, export_file, groups_file, log_skips, run_model
+
+    try:
+        path = groups_file(source)
+        done = export_file(path, out, fmt, model if model is not None else run_model(path), limits, follow=True)
+    except (ExportError, OSError) as err:
+        said = console(str(err))
+        logger.error("%s", said if console(str(source)) in said else f"{console(str(source))}: {said}")
+        return 1
+    log_skips(path, done.skipped)
+    logger.info("%s: %d rollouts of %d groups written to %s%s", console(str(path)), done.rows, done.groups, console(str(done.path)),
+                f"; {len(done.skipped)} lines skipped" if done.skipped else "")
+    return 1 if done.skipped else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m opd.records", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     limits = argparse.ArgumentParser(add_help=False)
@@ -196,11 +214,18 @@ def main(argv: list[str] | None = None) -> int:
     view.add_argument("--tokenizer", default=str(FIXTURE_MODEL),
                       help="a tokenizer directory or a hub model in the local cache (default: the fixture model's)")
     view.add_argument("--out", type=Path, help="the page to write (default: FILE with the suffix .html)")
+    export = commands.add_parser("export", help="one row per rollout, typed columns, as Parquet or JSON lines", parents=[limits])
+    export.add_argument("source", type=Path, help="groups.jsonl(.gz), or a run directory")
+    export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="the file written (default: %(default)s)")
+    export.add_argument("--out", type=Path, required=True, help="the directory to write DIR/groups.<format> in (made if missing)")
+    export.add_argument("--model", help="the model column (default: server.model of the run's config.yaml beside the file)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     chosen = dataclasses.replace(LIMITS, max_line_bytes=int(args.max_line_mb * 2**20), max_ratio=args.max_ratio)
     if args.command == "view":
         return _view(args.file, args.tokenizer, args.out, chosen)
+    if args.command == "export":
+        return _export(args.source, args.format, args.out, args.model, chosen)
     return _check(args.files, chosen, args.rerender, args.config, args.tokenizer)
 
 

@@ -129,8 +129,7 @@ class SweepCallback(Callback):
         import mlflow
         from mlflow.tracking.context import registry as context
 
-        from opd.experiment import model_label
-        from opd.tracking.mlflow_run import ensure_experiment, run_title, source_tags, system_tags
+        from opd.tracking.mlflow_run import ensure_experiment, model_label, run_title, source_tags, system_tags
         from opd.tracking.secrets import mask_overrides
         from opd.tracking.store import absolute_tracking_uri, artifact_location, check_store
         from opd.tracking.ui import sweep_view, ui_base, view_link

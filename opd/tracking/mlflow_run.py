@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from opd.config import ConfigError
+from opd.config import Config, ConfigError
 from opd.run_files import read_text, replace_file
 from opd.tracking import secrets
 from opd.tracking.session import DatasetRef, ensure_experiment, git_commit, system_tags  # noqa: F401 (re-exported)
@@ -325,6 +325,19 @@ DIRECTORY_KEYS = ("output_dir", "output_root")
 _UNNAMED = {"env", "model", "server", "server.model", "server.base_urls", "judge.base_url", "output_root", "output_dir", "resume",
             "runner.progress", "experiment"}
 _UNNAMED_PREFIXES = ("hydra.", "hydra/", "tracking.")
+
+
+# The fixture model's directory (opd/fixture/model), named by path: opd.fixture is a higher layer.
+_FIXTURE_DIR = _PACKAGE_ROOT / "opd" / "fixture" / "model"
+
+
+def model_label(cfg: Config) -> str:
+    """The model in a run's name: the preset's name for its own checkpoint (`fixture`, `qwen3`),
+    else the checkpoint's last path part (`Qwen3-4B`)."""
+    model = cfg.server.model.rstrip("/")
+    if model in (cfg.model.path, "fixture") or Path(model).resolve() == _FIXTURE_DIR.resolve():
+        return cfg.model.name
+    return model.rsplit("/", 1)[-1] or model
 
 
 def run_title(env: str, model: str, overrides: list[str], limit: int = 200) -> str:
