@@ -56,6 +56,9 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m experiments.bench teacher": ("help", "starts the embedded vLLM: minutes"),
     "python -m experiments.launch -m experiment=reward_sweep_closed_loop && python -m experiments.compare outputs/sweeps/<date>/<time>":
         ("compose", "two closed loops; compare is run on the reward sweep below"),
+    "python -m experiments.launch -m experiment=opd_vs_grpo":
+        ("compose", "six closed loops (an hour of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),
+    "python -m opd.fixture.build --config opd/fixture/student/build_config.json": ("help", "rebuilding the student takes 44 minutes"),
     "python -m experiments.launch -m experiment=opd_vs_grpo && python -m experiments.compare outputs/sweeps/<date>/<time>":
         ("compose", "six closed loops (an hour of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),
     "python -m experiments.bench loop": ("help", "a closed-loop iteration: minutes"),
