@@ -134,6 +134,8 @@ class Runner:
                  latency_ledgers: list[tuple[latency.Ledger, float]] | None = None, report: Progress | None = None) -> None:
         self.env, self.sinks, self.total_steps, self.limits = env, sinks, total_steps, limits
         self.report = report
+        # Progress lines that `report.publish` failed to send.
+        self.unpublished = 0
         # When each group in flight started, and when the last group was written (monotonic).
         self._started_at: dict[asyncio.Task, float] = {}
         self._last_written = time.monotonic()
@@ -287,7 +289,10 @@ class Runner:
             try:
                 self.report.publish(line)
             except Exception as err:  # noqa: BLE001 - a progress note never fails the run; its own call would
-                logger.debug("progress not published: %s", err)
+                self.unpublished += 1
+                # The first failure is said at warning level, every one counted in `unpublished`.
+                (logger.warning if self.unpublished == 1 else logger.debug)(
+                    "progress line not published (%d so far; the run goes on): %s", self.unpublished, err)
 
     def _dropped(self, item: Any, reason: str) -> None:
         stats = self.stats

@@ -255,6 +255,22 @@ def test_progress_lines_every_n_groups_and_while_none_is_written(caplog: pytest.
     assert all(q.startswith("groups: 3 of 5 written") and "the oldest group in flight started" in q
                and q.endswith("requests: 3 in flight, 1 retried, 0 failed for good") for q in quiet), quiet
     assert published == said
+    # A publisher that fails never fails the run: the first failure is said, every one counted.
+    caplog.clear()
+
+    def broken(line: str) -> None:
+        raise ConnectionError("tracking store gone")
+
+    async def unpublished():
+        runner = Runner(ScriptedEnv(), [], 3, RunnerLimits(1, 1, 0), progress=False, report=Progress(every=1, quiet_after_s=None, publish=broken))
+        await runner.run()
+        return runner
+
+    with caplog.at_level(logging.INFO, logger="opd.runner"):
+        runner = asyncio.run(unpublished())
+    assert runner.unpublished == 3 and runner.stats.written == 3
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == ["progress line not published (1 so far; the run goes on): tracking store gone"], warned
     # Without a bar the lines go to the console too.
     caplog.clear()
     report = Progress(every=5, quiet_after_s=None, console=True)
