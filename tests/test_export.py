@@ -18,6 +18,7 @@ import pytest
 from conftest import ROOT, compose
 from opd.config import validate
 from opd.data.sources import TaskSet
+from opd.records import export
 from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, GroupWriter, check_group
 from opd.records.__main__ import main
 from opd.serving.vllm_client import Generation, PromptScores
@@ -178,14 +179,103 @@ def test_bad_input_is_named_and_good_groups_are_kept(run_dir: Path, tmp_path: Pa
     assert re.search(r"mixed\.jsonl: line 2: .*skipped", caplog.text) and re.search(r"line 3: .*masks.*skipped", caplog.text)
     assert "line 5: a duplicate of the group on line 1" in caplog.text
     assert len(datasets.load_dataset("parquet", data_dir=str(tmp_path / "c"), split="train")) == 3
-    # Writing over the record file itself is refused.
+    # Writing over the record file itself is refused, --force or not (here through a link to it).
     caplog.clear()
     copy = tmp_path / "d" / "groups.jsonl"
     copy.parent.mkdir()
     copy.write_text(good[0] + "\n")
-    assert main(["export", str(copy), "--format", "jsonl", "--out", str(copy.parent)]) == 1
+    (copy.parent / "groups.parquet").symlink_to(copy)
+    assert main(["export", str(copy), "--out", str(copy.parent), "--force"]) == 1
     assert "is the record file itself" in caplog.text and copy.read_text() == good[0] + "\n"
-    assert sorted(p.name for p in copy.parent.iterdir()) == ["groups.jsonl"]
+    assert sorted(p.name for p in copy.parent.iterdir()) == ["groups.jsonl", "groups.parquet"]
+
+
+def test_an_export_never_writes_over_a_file_unasked_nor_where_records_are_read(run_dir: Path, tmp_path: Path,
+                                                                                caplog: pytest.LogCaptureFixture) -> None:
+    import gzip
+
+    from opd.records.__main__ import check_file
+
+    good = (run_dir / "groups.jsonl").read_text().splitlines()
+    # Another export's file in --out: refused, named, untouched; --force replaces it.
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "groups.parquet").write_bytes(b"another run's rows")
+    assert main(["export", str(run_dir), "--out", str(out)]) == 1
+    assert "groups.parquet exists" in caplog.text and "--force" in caplog.text
+    assert (out / "groups.parquet").read_bytes() == b"another run's rows"
+    assert main(["export", str(run_dir), "--out", str(out), "--force"]) == 0
+    assert len(datasets.load_dataset("parquet", data_dir=str(out), split="train")) == 3
+    # Another run's records in --out (JSON lines): the rows file is never named like records.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "groups.jsonl").write_text(good[1] + "\n")
+    assert main(["export", str(run_dir), "--format", "jsonl", "--out", str(other)]) == 0
+    assert (other / "groups.jsonl").read_text() == good[1] + "\n"
+    assert sorted(p.name for p in other.iterdir()) == ["groups.jsonl", "groups.rows.jsonl"]
+    # A run holding only groups.jsonl.gz, exported into itself: its records are still what is read.
+    gz_run = tmp_path / "gz_run"
+    gz_run.mkdir()
+    (gz_run / "groups.jsonl.gz").write_bytes(gzip.compress(("\n".join(good) + "\n").encode()))
+    assert main(["export", str(gz_run), "--format", "jsonl", "--out", str(gz_run)]) == 0
+    assert sorted(p.name for p in gz_run.iterdir()) == ["groups.jsonl.gz", "groups.rows.jsonl"]
+    assert check_file(export.groups_file(gz_run)) == (2, [])
+    # A hidden record file gives a file `datasets` reads (it skips hidden ones).
+    hidden = tmp_path / ".groups.jsonl"
+    hidden.write_text(good[0] + "\n")
+    assert main(["export", str(hidden), "--out", str(tmp_path / "h")]) == 0
+    assert [p.name for p in (tmp_path / "h").iterdir()] == ["groups.parquet"]
+    # A run directory's groups.jsonl that is a link is refused (a run writes a file); the same
+    # link named by the user is theirs to follow.
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "groups.jsonl").symlink_to(run_dir / "groups.jsonl")
+    caplog.clear()
+    assert main(["export", str(linked), "--out", str(tmp_path / "l1")]) == 1
+    assert "linked/groups.jsonl" in caplog.text and not (tmp_path / "l1").exists()
+    assert main(["export", str(linked / "groups.jsonl"), "--out", str(tmp_path / "l2")]) == 0
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_values_past_the_columns_or_floats_are_named_skips_and_the_rest_is_written(run_dir: Path, tmp_path: Path, fmt: str,
+                                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    good = (run_dir / "groups.jsonl").read_text().splitlines()
+    huge_version, huge_score, positive = json.loads(good[0]), json.loads(good[1]), json.loads(good[0])
+    huge_version["group_overrides"]["weight_version"] = 2**64
+    huge_score["scores"][0] = 10**400
+    teacher = positive["overrides"][0]["teacher_logprobs"]
+    teacher[next(i for i, t in enumerate(teacher) if t is not None)] = 0.5
+    assert [p for g in (huge_version, huge_score, positive) for p in check_group(g)] == [
+        "group_overrides.weight_version must be a non-negative integer below 2**63 (got 18446744073709551616)",
+        "scores[0] is not a finite number (within float64's range): " + __import__("reprlib").repr(10**400),
+        next(p for p in check_group(positive)),
+    ]
+    assert "teacher_logprobs" in check_group(positive)[0] and "<= 0" in check_group(positive)[0]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join([good[0], json.dumps(huge_version), json.dumps(huge_score), json.dumps(positive), good[1]]) + "\n")
+    assert main(["check", str(mixed)]) == 1
+    caplog.clear()
+    assert main(["export", str(mixed), "--format", fmt, "--out", str(tmp_path / "out")]) == 1
+    for line in (2, 3, 4):
+        assert re.search(rf"mixed\.jsonl: line {line}: .*skipped", caplog.text), line
+    data = datasets.load_dataset("parquet" if fmt == "parquet" else "json", data_dir=str(tmp_path / "out"), split="train")
+    assert len(data) == 3
+
+
+def test_a_row_the_columns_cannot_hold_is_skipped_and_a_failed_write_leaves_nothing(run_dir: Path, tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    good = recorded(run_dir)[0]
+    rows = export.rows_of_group(good, 0)
+    rows[0]["weight_version"] = 2**64  # past int64: what a group the rules pass could still never hold
+    with pytest.raises(ValueError, match="typed columns cannot hold"):
+        export.table_of_rows(rows)
+    # The disk fills mid-write: the error named, exit 1, and no --out directory left behind.
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export.pq.ParquetWriter, "write_table", full)
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "new" )]) == 1
+    assert not (tmp_path / "new").exists()
 
 
 def test_the_docs_pytorch_example_trains_on_an_exported_run(run_dir: Path, tmp_path: Path, fixture_model: str) -> None:

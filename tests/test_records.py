@@ -191,7 +191,7 @@ _DETAIL_TYPES = {
     "tool_errors": _count, "generated_tokens": _count, "tool_calls": _count, "turns": _count, "finish": lambda v: type(v) is str,
     "tests": lambda v: type(v) is str, "correct": lambda v: type(v) is bool, "verify_timed_out": lambda v: type(v) is bool,
     "tools_used": lambda v: type(v) is list and all(type(x) is str for x in v),
-    "teacher_logprobs": lambda v: type(v) is list and all(x is None or (_number(x) and math.isfinite(x)) for x in v),
+    "teacher_logprobs": lambda v: type(v) is list and all(x is None or (_number(x) and math.isfinite(x) and x <= 0) for x in v),
     "opd_turns": lambda v: type(v) is list and all(type(t) is dict and all(type(k) is str for k in t)
                                                    and all(_TURN_TYPES.get(k, lambda _: True)(x) for k, x in t.items()) for t in v),
 }
@@ -218,7 +218,7 @@ def reference_fields_valid(group) -> bool:
         if type(extra) is not dict or not all(type(k) is str for k in extra):
             return False
         checks = {"item_id": lambda v: type(v) in (str, int), "answer": lambda v: type(v) is str or (_number(v) and math.isfinite(v)),
-                  "weight_version": _count, "opd_wall_s": lambda v: _number(v) and math.isfinite(v)}
+                  "weight_version": lambda v: _count(v) and v < 2**63, "opd_wall_s": lambda v: _number(v) and math.isfinite(v)}
         if not all(checks.get(k, lambda _: True)(v) for k, v in extra.items()):
             return False
     scalar = lambda v: v is None or type(v) in (str, bool) or (_number(v) and math.isfinite(v))  # noqa: E731

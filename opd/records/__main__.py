@@ -180,12 +180,14 @@ def _view(path: Path, tokenizer: str, out: Path | None, limits: Limits) -> int:
     return 0
 
 
-def _export(source: Path, fmt: str, out: Path, model: str | None, limits: Limits) -> int:
+def _export(source: Path, fmt: str, out: Path, model: str | None, limits: Limits, force: bool) -> int:
     from opd.records.export import ExportError, export_file, groups_file, log_skips, run_model
 
     try:
         path = groups_file(source)
-        done = export_file(path, out, fmt, model if model is not None else run_model(path), limits, follow=True)
+        # A link the user named is theirs to follow; a run directory's groups.jsonl is read as the
+        # run wrote it (a link there is refused, as check and resume refuse it).
+        done = export_file(path, out, fmt, model if model is not None else run_model(path), limits, follow=path == source, replace=force)
     except (ExportError, OSError) as err:
         said = console(str(err))
         logger.error("%s", said if console(str(source)) in said else f"{console(str(source))}: {said}")
@@ -219,13 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="the file written (default: %(default)s)")
     export.add_argument("--out", type=Path, required=True, help="the directory to write DIR/groups.<format> in (made if missing)")
     export.add_argument("--model", help="the model column (default: server.model of the run's config.yaml beside the file)")
+    export.add_argument("--force", action="store_true", help="replace DIR's file of the same name if it exists (default: refuse)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     chosen = dataclasses.replace(LIMITS, max_line_bytes=int(args.max_line_mb * 2**20), max_ratio=args.max_ratio)
     if args.command == "view":
         return _view(args.file, args.tokenizer, args.out, chosen)
     if args.command == "export":
-        return _export(args.source, args.format, args.out, args.model, chosen)
+        return _export(args.source, args.format, args.out, args.model, chosen, args.force)
     return _check(args.files, chosen, args.rerender, args.config, args.tokenizer)
 
 

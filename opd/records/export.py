@@ -22,6 +22,7 @@ equal to an earlier one, or one holding something the rows cannot carry is skipp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -261,26 +262,37 @@ def _size(row: dict[str, Any]) -> int:
     return (len(row["prompt_ids"]) + len(row["completion_ids"])) * (4 + 2 * k)
 
 
+def table_of_rows(rows: list[dict[str, Any]]) -> pa.Table:
+    """One group's rows as columns of `SCHEMA`; ValueError naming what a column cannot hold (so
+    that such a group is skipped, said, in either format, and never fails the file's other groups)."""
+    try:
+        return pa.Table.from_pylist(rows, schema=SCHEMA)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError) as err:
+        raise ValueError(f"a value the typed columns cannot hold: {err}") from err
+
+
 class _Parquet:
     def __init__(self, out: IO[bytes]) -> None:
         self.writer = pq.ParquetWriter(out, SCHEMA)
-        self.rows: list[dict[str, Any]] = []
+        self.tables: list[pa.Table] = []
         self.values = 0
 
     def write(self, rows: list[dict[str, Any]]) -> None:
-        self.rows += rows
+        self.tables.append(table_of_rows(rows))
         self.values += sum(map(_size, rows))
         if self.values >= ROW_GROUP_VALUES:
             self.flush()
 
     def flush(self) -> None:
-        if self.rows:
-            self.writer.write_table(pa.Table.from_pylist(self.rows, schema=SCHEMA))
-            self.rows, self.values = [], 0
+        if self.tables:
+            self.writer.write_table(pa.concat_tables(self.tables))
+            self.tables, self.values = [], 0
 
     def close(self) -> None:
-        self.flush()
-        self.writer.close()
+        try:
+            self.flush()
+        finally:
+            self.writer.close()
 
 
 class _Jsonl:
@@ -288,6 +300,7 @@ class _Jsonl:
         self.out = out
 
     def write(self, rows: list[dict[str, Any]]) -> None:
+        table_of_rows(rows)  # the same rows as Parquet's: a group its columns cannot hold is skipped here too
         for row in rows:
             self.out.write(json.dumps(row, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8") + b"\n")
 
@@ -321,15 +334,20 @@ def run_model(source: Path) -> str | None:
 
 
 def output_name(source: Path, fmt: str) -> str:
-    return source.name.removesuffix(".gz").removesuffix(".jsonl") + "." + fmt
+    """The file an export of `source` writes: groups.jsonl(.gz) -> groups.parquet, or
+    groups.rows.jsonl for JSON lines (never a name `groups_file` takes for records). Never hidden:
+    `datasets` skips hidden files."""
+    stem = source.name.removesuffix(".gz").removesuffix(".jsonl").lstrip(".") or "groups"
+    return f"{stem}.parquet" if fmt == "parquet" else f"{stem}.rows.jsonl"
 
 
 def export_file(source: Path, out_dir: Path, fmt: str = "parquet", model: str | None = None, limits: Limits = LIMITS,
-                follow: bool = False) -> Exported:
-    """Write `<out_dir>/<name>.<fmt>` (groups.jsonl -> groups.parquet) from the record file
+                follow: bool = False, replace: bool = False) -> Exported:
+    """Write `<out_dir>/<output_name>` (groups.jsonl -> groups.parquet) from the record file
     `source`, one row per rollout (see the module docstring). `model`: the model column (None:
-    null). `follow`: follow a symbolic link `source` names (one the user named). Nothing is
-    written when no group could be exported (ExportError)."""
+    null). `follow`: follow a symbolic link `source` names (one the user named). `replace`: write
+    over an existing output file (never over `source`); without it an existing one is refused.
+    Nothing is written when no group could be exported (ExportError)."""
     if fmt not in FORMATS:
         raise ExportError(f"format {fmt!r}: one of {', '.join(FORMATS)}")
     try:
@@ -337,21 +355,25 @@ def export_file(source: Path, out_dir: Path, fmt: str = "parquet", model: str | 
     except OSError as err:
         raise ExportError(f"{console(str(source))}: cannot read it: {console(err.strerror or str(err))}") from err
     with handle:
-        return _export(handle, source, out_dir, fmt, model, limits)
+        return _export(handle, source, out_dir, fmt, model, limits, replace)
 
 
-def _export(handle: IO[bytes], source: Path, out_dir: Path, fmt: str, model: str | None, limits: Limits) -> Exported:
+def _export(handle: IO[bytes], source: Path, out_dir: Path, fmt: str, model: str | None, limits: Limits, replace: bool) -> Exported:
     target = out_dir / output_name(source, fmt)
-    if target.exists() and os.path.samefile(target, source):
-        raise ExportError(f"{console(str(target))} is the record file itself: choose another --out")
+    if os.path.lexists(target):
+        if target.exists() and os.path.samefile(target, source):
+            raise ExportError(f"{console(str(target))} is the record file itself: choose another --out")
+        if not replace:
+            raise ExportError(f"{console(str(target))} exists: choose another --out, or --force to replace it")
     made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     result = Exported(None)
     try:
         _write(handle, source, target, fmt, model, limits, result)
-    except ExportError:
+    except BaseException:
         if made:
-            out_dir.rmdir()
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
         raise
     result.path = target
     if others := sorted(p.name for p in out_dir.iterdir() if p != target and not p.name.startswith((".", "_")) and p.is_file()):

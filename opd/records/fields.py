@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import reprlib
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
@@ -52,9 +53,24 @@ class Check:
 
 Type = Union[type, tuple, ListOf, DictOf, Record, Literal, Check, None]
 
+FLOAT64_MAX = sys.float_info.max
+
+
+def is_finite_number(value: Any) -> bool:
+    """An int or a float that is finite as a float64: an integer such as 10**400 is not (JSON
+    allows it; `float()` of it raises, and `math.isfinite` too)."""
+    if type(value) is float:
+        return math.isfinite(value)
+    return type(value) is int and -FLOAT64_MAX <= value <= FLOAT64_MAX
+
+
 INT = Check(lambda v: type(v) is int, "an integer")
 COUNT = Check(lambda v: type(v) is int and v >= 0, "a non-negative integer")
-NUMBER = Check(lambda v: type(v) in (int, float) and math.isfinite(v), "a finite number")
+# What a 64-bit integer column holds (the export's `weight_version`, a trainer's step counter).
+COUNT64 = Check(lambda v: type(v) is int and 0 <= v < 2**63, "a non-negative integer below 2**63")
+NUMBER = Check(is_finite_number, "a finite number")
+# A log probability: finite and at most 0.
+LOGPROB = Check(lambda v: is_finite_number(v) and v <= 0, "a finite number <= 0")
 STR = Check(lambda v: type(v) is str, "a string")
 BOOL = Check(lambda v: type(v) is bool, "true or false")
 NULL = Check(lambda v: v is None, "null")
@@ -73,13 +89,13 @@ DETAIL = Record({
     "reward_signals": DictOf(NUMBER), "tool_errors": COUNT, "finish": STR, "generated_tokens": COUNT,
     "passed": BOOL, "correct": BOOL, "tool_calls": COUNT, "verify_timed_out": BOOL,
     "tests": STR, "turns": COUNT, "tools_used": ListOf(STR),
-    "teacher_logprobs": ListOf((NUMBER, NULL)), "opd_turns": ListOf(OPD_TURN),
+    "teacher_logprobs": ListOf((LOGPROB, NULL)), "opd_turns": ListOf(OPD_TURN),
 })
 MESSAGE = Record({"role": STR, "content": (STR, NULL, ListOf(Check(lambda v: type(v) is dict, "an object")))})
 # The group's optional fields besides the numeric arrays (`opd.records.rules` checks those).
 GROUP = Record({
     "overrides": (NULL, ListOf(DETAIL)),
-    "group_overrides": (NULL, Record({"env": STR, "item_id": (STR, INT), "answer": (STR, NUMBER), "weight_version": COUNT, "opd_wall_s": NUMBER})),
+    "group_overrides": (NULL, Record({"env": STR, "item_id": (STR, INT), "answer": (STR, NUMBER), "weight_version": COUNT64, "opd_wall_s": NUMBER})),
     "generation_params": (NULL, DictOf((*SCALAR, ListOf(SCALAR)))),
     "messages": (NULL, ListOf((NULL, ListOf(MESSAGE)))),
     "advantages": (NULL, ListOf((NULL, ListOf(NUMBER)))),

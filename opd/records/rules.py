@@ -15,7 +15,7 @@ disagree; `tests/test_records.py` checks that on randomly mutated groups.
 
 from __future__ import annotations
 
-import math
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -252,11 +252,11 @@ def distill_rows_have_k_entries(view: SequenceView) -> str | None:
 @rule("value")
 def score_is_finite(view: SequenceView) -> str | None:
     score = view.score
-    if type(score) in (int, float) and math.isfinite(score):
+    if fields.is_finite_number(score):
         return None
     if isinstance(score, np.generic) and not isinstance(score, np.bool_) and np.isfinite(score):
         return None
-    return f"scores[{view.index}] is not a finite number: {score!r}"
+    return f"scores[{view.index}] is not a finite number (within float64's range): {reprlib.repr(score)}"
 
 
 @rule("value")

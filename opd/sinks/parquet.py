@@ -28,7 +28,7 @@ class ParquetExport(Sink):
         if not self.groups_path.exists():
             return
         try:
-            self.done = await asyncio.to_thread(export_file, self.groups_path, self.out_dir, "parquet", self.model)
+            self.done = await asyncio.to_thread(export_file, self.groups_path, self.out_dir, "parquet", self.model, replace=True)
         except ExportError as err:
             logger.warning("parquet sink: nothing exported: %s", console(str(err)))
             return
