@@ -109,7 +109,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m opd.fixture.families model qwen3 --out /tmp/tiny-qwen3":
         ("mention", "built for every family and run by tests/test_real_models_vllm.py (slow: a vLLM server per family)"),
     "python -m experiments.launch model=qwen3 server.model=/tmp/tiny-qwen3 env=opd_coding total_steps=2 group_size=2 env.max_tokens_per_turn=192":
-        ("mention", "run for every preset and both envs by tests/test_real_models_vllm.py"),
+        ("mention", "run as written but for its server by tests/test_real_models_vllm.py (the other presets with cut budgets)"),
 }
 
 _INLINE = re.compile(r"`((?:python -m|\.venv/bin/python|mlflow ui|scripts/)[^`]*)`")

@@ -13,13 +13,14 @@ while this one's runs go."""
 from __future__ import annotations
 
 import contextlib
+import shlex
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from conftest import compose
+from conftest import ROOT, compose
 from opd.config import validate
 from opd.fixture.families import build_model
 from opd.records import check_group, read_groups
@@ -36,6 +37,15 @@ PRESETS = {"qwen3": "qwen3", "qwen2_5": "qwen2_5", "qwen2_5_coder": "qwen2_5", "
 BUDGETS = {"opd_coding": ["env.max_tokens_per_turn=48", "env.max_turns=2"],
            "inline_math": ["env.max_tokens_per_segment=24", "env.max_new_tokens=48"]}
 STEPS = 1
+# The README's real-model command (the tiny Qwen3 in opd_coding), run here as written but for its
+# server: its overrides, with this test's running server in place of the model path it builds.
+README_COMMAND = "python -m experiments.launch model=qwen3 server.model=/tmp/tiny-qwen3 env=opd_coding "
+
+
+def readme_overrides() -> list[str]:
+    """The README command's overrides but `server.model` (test_readme checks the command is there)."""
+    (line,) = [line.strip() for line in (ROOT / "README.md").read_text().splitlines() if line.strip().startswith(README_COMMAND)]
+    return [arg for arg in shlex.split(line, comments=True)[3:] if not arg.startswith("server.model=")]
 
 
 FAMILIES = ["qwen3", "qwen2_5", "llama3", "mistral", "deepseek_r1_distill", "gpt_oss"]
@@ -102,23 +112,27 @@ def served(request: pytest.FixtureRequest, family_servers: FamilyServers) -> Ite
         family_servers.stop(family)
 
 
-def _run(tmp_path: Path, preset: str, env: str, model: str, url: str) -> list[dict]:
+def _run(tmp_path: Path, preset: str, env: str, model: str, url: str) -> tuple[list[dict], int]:
+    """The preset's run in `env` (the README's command for its own preset and env, else the cut
+    budgets): its groups and how many it was asked for."""
     from experiments.launch import launch
 
     out = tmp_path / f"{preset}-{env}"
+    readme = preset == "qwen3" and env == "opd_coding"
+    overrides = readme_overrides() if readme else [f"model={preset}", f"env={env}", f"total_steps={STEPS}", "group_size=2", "judge_votes=1", *BUDGETS[env]]
+    steps = next(int(o.split("=", 1)[1]) for o in overrides if o.startswith("total_steps="))
     # MLflow is off: what is checked here is the records (tracking has tests of its own).
-    launch(compose([f"model={preset}", f"env={env}", "server=vllm", f"server.model={model}", f"server.base_urls=[{url}]",
-                    f"total_steps={STEPS}", "group_size=2", "judge_votes=1", f"output_dir={out}", "tracking.enabled=false",
-                    "runner.progress=false", *BUDGETS[env]]))
-    return list(read_groups(out / "groups.jsonl"))
+    launch(compose([*overrides, "server=vllm", f"server.model={model}", f"server.base_urls=[{url}]", f"output_dir={out}", "tracking.enabled=false",
+                    "runner.progress=false"]))
+    return list(read_groups(out / "groups.jsonl")), steps
 
 
 @pytest.mark.parametrize("env", ["inline_math", "opd_coding"])
 def test_each_preset_writes_valid_records_through_vllm(served, env: str, tmp_path: Path) -> None:
     family, model, url = served
     for preset in [p for p, f in PRESETS.items() if f == family]:
-        groups = _run(tmp_path, preset, env, model, url)
-        assert len(groups) == STEPS, preset
+        groups, steps = _run(tmp_path, preset, env, model, url)
+        assert len(groups) == steps, preset
         for group in groups:
             assert check_group(group) == [], preset
             # Every rollout generated something, as vLLM sampled it (ids with their logprobs).
