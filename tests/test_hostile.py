@@ -36,11 +36,11 @@ from conftest import ROOT, compose, one_fast, sandbox_limits
 from stalls import STALL_LIMIT_S, Stalls, measure
 from opd.rewards.coding import run_task_tests
 from opd.rewards.harness import run_tests, wire
-from opd.tools import tmpfs
-from opd.tools.call_dirs import CallDirs
+from opd.jail import tmpfs
+from opd.jail.call_dirs import CallDirs
 from opd.tools import workspace as workspace_tools
 from opd.tools.registry import Toolbox
-from opd.tools.sandbox import run_python
+from opd.jail.sandbox import run_python
 from opd.tools.workspace import Workspace
 
 LIMITS = sandbox_limits(timeout_s=4, cpu_s=3, memory_mb=512, file_size_mb=8, max_processes=16, output_chars=500)

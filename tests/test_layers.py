@@ -13,6 +13,7 @@ LAYERS = [
     ["opd.config", "opd.cli", "opd.event_loop", "opd.latency", "opd.run_files"],
     ["opd.records", "opd.tracking.traces", "opd.tracking.store"],
     ["opd.serving", "opd.data", "opd.train"],
+    ["opd.jail"],
     ["opd.tools"],
     ["opd.rewards", "opd.agent"],
     ["opd.distill"],
