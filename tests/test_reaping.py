@@ -24,7 +24,7 @@ from opd.tools.workspace import Workspace
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="a uid of the call's own needs a root launcher")
 LIMITS = sandbox_limits(timeout_s=2, cpu_s=2, memory_mb=256, max_processes=16, output_chars=300)
-# `sleep 8765`: not the hostile corpus's `sleep 987`, which tests/test_hostile.py looks for machine-wide.
+# `sleep 8765`: not the hostile corpus's `sleep 987`, which tests/hostile/ looks for machine-wide.
 HOSTILE = {
     "exit_1": ("exit 1", "exit code 1"),
     "killed_by_a_signal": ("kill -SEGV $$", "exit code 139"),
