@@ -17,7 +17,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from opd.cli import guard_hydra_files, log_path, register_help, report_errors  # noqa: E402
+from opd.cli import JobFailed, fail, guard_hydra_files, log_path, register_help, report_errors, say_error  # noqa: E402
 from opd.config import ConfigError, register, validate  # noqa: E402
 
 logger = logging.getLogger("experiments.launch")
@@ -64,20 +64,33 @@ def main(cfg: DictConfig) -> float:
     in_sweep = HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         return launch(cfg)
-    except ConfigError as err:
-        # A bad value: one clear line naming the key, no traceback.
-        logger.error("configuration error: %s", err)
-        if in_sweep:
-            raise  # in a sweep: this job fails, the others still run, the sweep reports it
-        raise SystemExit(2) from None
     except Exception as err:
-        if not isinstance(err, _run_failures()):
-            raise  # a defect: Hydra prints its traceback
-        logger.debug("the run's traceback", exc_info=True, extra={"file_only": True})
-        logger.error("the run failed: %s: %s (traceback in %s)", type(err).__name__, err, log_path() or "the log")
+        known = isinstance(err, (ConfigError, *_run_failures()))
+        if not known or in_sweep:
+            logger.error("the run's traceback", exc_info=True, extra={"file_only": True})
         if in_sweep:
-            raise
-        raise SystemExit(1) from None
+            # This job's reason, on the console at once and last in its log (Hydra's launchers
+            # would show it only after the whole sweep); the sweep's other jobs still run.
+            raise JobFailed(say_error(job_failure(err))[len("error: "):]) from err
+        if isinstance(err, ConfigError):
+            fail(str(err))  # a bad value: one line naming the key, before any server started
+        if not known:
+            raise  # a defect: Hydra prints its traceback (also in the log, above)
+        fail(f"the run failed: {type(err).__name__}: {err} (traceback in {log_path() or 'the log'})", 1)
+
+
+def job_failure(err: BaseException) -> str:
+    """The line a failed sweep job says: which job, why, where its traceback is."""
+    from opd.sweep.progress import job_line
+    from opd.sweep.state import current_job, run_name
+
+    try:
+        job = current_job()
+    except Exception:  # noqa: BLE001 - the job's state is what failed: say the rest
+        job = None
+    where = f"{job_line(job.state, job.num).split(' (', 1)[0]} ({run_name(job.swept)})" if job is not None else "sweep job"
+    why = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
+    return f"{where} failed: {why} (traceback in {log_path() or 'its launch.log'})"
 
 
 def _terminated(signum: int, frame: Any) -> None:

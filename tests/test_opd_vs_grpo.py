@@ -44,9 +44,9 @@ def test_the_experiment_runs_its_three_arms_on_teacher_rows_and_compare_ranks_th
     client, (parent,), children = _runs(uri)
     assert parent.info.status == "FINISHED" and parent.data.tags["opd.swept"] == "arm"
     runs = {c.data.params["arm"]: c for c in children}
-    assert set(runs) == {"grpo", "opd", "mix"} and all(c.info.status == "FINISHED" for c in children)
+    assert set(runs) == {"grpo", "opd", "opd_topk"} and all(c.info.status == "FINISHED" for c in children)
     expected = {"grpo": {"pg": 1.0, "opd_advantage": 0.0, "topk_kl": 0.0}, "opd": {"pg": 0.0, "opd_advantage": 1.0, "topk_kl": 0.0},
-                "mix": {"pg": 1.0, "opd_advantage": 1.0, "topk_kl": 0.0}}
+                "opd_topk": {"pg": 0.0, "opd_advantage": 0.0, "topk_kl": 1.0}}
     for arm, run in runs.items():
         assert run.info.run_name == f"arm={arm}"
         assert {name: float(run.data.params[f"trainer.loss.{name}"]) for name in expected[arm]} == expected[arm]
@@ -69,6 +69,7 @@ def test_the_experiment_runs_its_three_arms_on_teacher_rows_and_compare_ranks_th
         assert [m.step for m in teacher_eval] == [0] and teacher_eval[0].value == runs["grpo"].data.metrics["summary/teacher_sampled_accuracy"]
     assert [m.step for m in client.get_metric_history(runs["opd"].info.run_id, "trainer/loss_opd_advantage")] == [1, 2]
     assert [m.step for m in client.get_metric_history(runs["opd"].info.run_id, "trainer/reverse_kl_to_teacher")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(runs["opd_topk"].info.run_id, "trainer/loss_topk_kl")] == [1, 2]
     # Every arm starts from the same checkpoint and seeded samples: their first evaluations agree.
     firsts = {arm: client.get_metric_history(run.info.run_id, "eval/sampled_accuracy")[0].value for arm, run in runs.items()}
     assert len(set(firsts.values())) == 1, firsts
@@ -78,7 +79,7 @@ def test_the_experiment_runs_its_three_arms_on_teacher_rows_and_compare_ranks_th
     assert "gap to the teacher closed" in compared.stdout and (sweep_dir / "compare_gap.png").read_bytes()[:4] == b"\x89PNG"
     with (sweep_dir / "compare_gain.csv").open() as handle:
         ranking = list(csv.DictReader(handle))
-    assert {r["arm"] for r in ranking} == {"grpo", "opd", "mix"} and all(r["seeds"] == "1" and r["items"] == "4" for r in ranking)
+    assert {r["arm"] for r in ranking} == {"grpo", "opd", "opd_topk"} and all(r["seeds"] == "1" and r["items"] == "4" for r in ranking)
     for row in ranking:
         assert float(row["gain"]) == pytest.approx(runs[row["arm"]].data.metrics["summary/eval_paired_gain"])
         assert float(row["gap_closed"]) == pytest.approx(runs[row["arm"]].data.metrics["summary/gap_closed"])

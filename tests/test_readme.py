@@ -1,6 +1,6 @@
 """Every command the README shows works as written, so the README cannot drift from the code.
 
-The commands are read out of README.md and the pages it links in docs/ (their indented code
+The commands are read out of README.md and every page in docs/ (their indented code
 blocks, and inline commands that start with `python -m`, `mlflow` or `scripts/`); each must have a
 check in `CHECKS` below and each check a command in one of them. What a check does depends on what this machine allows:
 - `run`: run as a user would (`python -m ...` from the project root), placeholders such as
@@ -34,7 +34,7 @@ from helpers import mlflow_serving
 from opd.config import validate
 
 README = ROOT / "README.md"
-# The README and the pages it links (guarantees, performance, reference defaults).
+# The README and every page in docs/ (the README must link each one).
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 # command as the README writes it -> (check, why or what it needs)
@@ -47,6 +47,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m opd.records view outputs/runs/.../groups.jsonl [--tokenizer DIR] [--out page.html]": ("run", "on a run's groups"),
     "python -m opd.records check outputs/runs/.../groups.jsonl": ("run", "on a run's groups"),
     "python -m opd.records check --rerender outputs/runs/.../groups.jsonl": ("run", "on a run's groups, with its model's chat template"),
+    "python -m opd.records export outputs/runs/.../ --format parquet --out outputs/dataset": ("run", "on a run's directory; `datasets` loads it"),
     "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db": ("run", "serves the store the runs wrote"),
     "python -m opd.tracking.session": ("mention", "the tracking process the run starts itself"),
     "python -m experiments.launch experiment=closed_loop_inline_math": ("compose", "17 minutes of CPU training"),
@@ -55,6 +56,9 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m experiments.bench teacher": ("help", "starts the embedded vLLM: minutes"),
     "python -m experiments.launch -m experiment=reward_sweep_closed_loop && python -m experiments.compare outputs/sweeps/<date>/<time>":
         ("compose", "two closed loops; compare is run on the reward sweep below"),
+    "python -m experiments.launch -m experiment=opd_vs_grpo":
+        ("compose", "six closed loops (an hour of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),
+    "python -m opd.fixture.build --config opd/fixture/student/build_config.json": ("help", "rebuilding the student takes 44 minutes"),
     "python -m experiments.launch -m experiment=opd_vs_grpo && python -m experiments.compare outputs/sweeps/<date>/<time>":
         ("compose", "six closed loops (an hour of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),
     "python -m experiments.bench loop": ("help", "a closed-loop iteration: minutes"),
@@ -104,7 +108,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m opd.records check": ("mention", "the command above, named in the guarantees table"),
     "python -m opd.fixture.families model qwen3 --out /tmp/tiny-qwen3":
         ("mention", "built for every family and run by tests/test_real_models_vllm.py (slow: a vLLM server per family)"),
-    "python -m experiments.launch model=qwen3 server.model=/tmp/tiny-qwen3 env=opd_coding total_steps=2 group_size=2":
+    "python -m experiments.launch model=qwen3 server.model=/tmp/tiny-qwen3 env=opd_coding total_steps=2 group_size=2 env.max_tokens_per_turn=192":
         ("mention", "run for every preset and both envs by tests/test_real_models_vllm.py"),
 }
 
@@ -144,6 +148,16 @@ def test_every_readme_command_has_a_check_and_every_check_a_command() -> None:
     stale = [c for c in CHECKS if c not in commands]
     assert not unchecked, "README commands without a check in tests/test_readme.py:\n" + "\n".join(unchecked)
     assert not stale, "checks of commands no longer in the README:\n" + "\n".join(stale)
+
+
+def test_the_readme_is_a_front_page_with_the_two_commands_first() -> None:
+    """A page a newcomer reads in minutes (the rest is in docs/), opening with the two commands for
+    a fresh machine, the second of them the one `.ci/run` runs."""
+    assert len(README.read_text().splitlines()) <= 300
+    first, second = readme_commands()[:2]
+    assert first.startswith("scripts/install.sh && .venv/bin/python -m experiments.launch ")
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == [second] == ["scripts/install.sh && .venv/bin/python -m pytest"]
 
 
 def _anchor(heading: str) -> str:
@@ -261,6 +275,21 @@ def test_commands_for_unreachable_machines_fail_at_once_in_one_line(command: str
     assert "Traceback" not in out.stderr and time.monotonic() - started < 60
 
 
+def test_the_atropos_serve_line_as_written_fails_at_once_in_one_line_here(tmp_path: Path) -> None:
+    """Here neither the hub nor gpu-host is reachable: the README's `serve` line stops within
+    seconds with one line naming `--env.tokenizer_name` (atroposlib's tokenizer load would retry
+    the hub for two minutes, then print a 60-line traceback), or `--openai.base_url` where the
+    hub answers."""
+    serve = next(c for c in CHECKS if c.startswith("python -m opd.atropos.inline_math serve"))
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"} | {"PYTHONPATH": str(ROOT)}  # as a user has it: the suite sets it
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, *shlex.split(serve)[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-3000:]
+    (line,) = out.stderr.splitlines()
+    assert re.match(r"error: --env\.tokenizer_name='Qwen/Qwen3-4B': |error: --openai\.base_url: nothing answers at http://gpu-host", line), line
+    assert time.monotonic() - started < 30
+
+
 # ---- run: as a user runs them ----------------------------------------------------------------------
 
 
@@ -310,11 +339,22 @@ def test_a_run_then_its_viewer_check_and_mlflow_ui(tmp_path: Path, scripted: str
     assert check.returncode == 0, check.stdout + check.stderr
     rerendered = _python("-m", "opd.records", "check", "--rerender", groups)
     assert rerendered.returncode == 0 and "0 differences from it" in rerendered.stdout + rerendered.stderr, rerendered.stdout + rerendered.stderr
-    _mlflow_ui_serves(f"sqlite:///{tmp_path}/mlflow.db", expect_run="inline_math fixture total_steps=3 group_size=8 seed=1", workdir=tmp_path)
+    exported = _python("-m", "opd.records", "export", str(run_dir), "--format", "parquet", "--out", str(tmp_path / "dataset"))
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    import datasets
+
+    rows = datasets.load_dataset("parquet", data_dir=str(tmp_path / "dataset"), split="train")
+    assert len(rows) == 3 * 8 and rows.features["completion_ids"].feature.dtype == "int32"
+    run = _mlflow_ui_serves(f"sqlite:///{tmp_path}/mlflow.db", expect_run="inline_math fixture total_steps=3 group_size=8 seed=1", workdir=tmp_path)
+    # Where the run was, group by group: in its log and on the MLflow run (not only the console's bar).
+    log = (run_dir / "launch.log").read_text()
+    assert all(f"groups: {n} of 3 written" in log for n in (1, 2, 3)), log[-3000:]
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags["opd.progress"].startswith("groups: 3 of 3 written (0 failed, 0 dropped")
 
 
-def _mlflow_ui_serves(uri: str, expect_run: str, workdir: Path) -> None:
-    """`mlflow ui --backend-store-uri URI` (on a free port) answers and lists the run."""
+def _mlflow_ui_serves(uri: str, expect_run: str, workdir: Path) -> dict:
+    """`mlflow ui --backend-store-uri URI` (on a free port) answers and lists the run; the run."""
     import urllib.request
 
     with mlflow_serving(["ui", "--backend-store-uri", uri], workdir) as url:
@@ -322,7 +362,9 @@ def _mlflow_ui_serves(uri: str, expect_run: str, workdir: Path) -> None:
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as response:
             runs = json.load(response)["runs"]
-    assert expect_run in [r["info"]["run_name"] for r in runs]
+    named = [r for r in runs if r["info"]["run_name"] == expect_run]
+    assert named, [r["info"]["run_name"] for r in runs]
+    return named[0]
 
 
 @pytest.mark.slow

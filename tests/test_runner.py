@@ -219,3 +219,66 @@ def test_groups_that_finish_together_each_start_their_replacement_before_the_nex
     first, second = [i for i, e in enumerate(events) if e.startswith("write")][:2]  # 0 and 1, in either order
     assert "start 2" in events[first:second], events
     assert sorted(e for e in events if e.startswith("write")) == ["write 0", "write 1", "write 2", "write 3"]
+
+
+def test_progress_lines_every_n_groups_and_while_none_is_written(caplog: pytest.LogCaptureFixture) -> None:
+    """Besides the console bar: a line every `every` written groups (and at the last), published
+    (the MLflow tag) and in the log file only while the bar shows; while no group is written for
+    `quiet_after_s`, a line every `quiet_after_s` saying so, with the oldest group's age and the
+    requests' state."""
+    import logging
+
+    from opd.runner import Progress
+
+    class SlowItem(ScriptedEnv):
+        async def collect_trajectories(self, item: int):
+            self.delay = 0.7 if item == 3 else 0.01  # one group that keeps the run quiet
+            return await super().collect_trajectories(item)
+
+    published: list[str] = []
+    report = Progress(every=2, quiet_after_s=0.2, publish=published.append, requests=lambda: "3 in flight, 1 retried, 0 failed for good")
+
+    async def main():
+        return await Runner(SlowItem(), [], 5, RunnerLimits(1, 1, 0), progress=False, report=report).run()
+
+    with caplog.at_level(logging.INFO, logger="opd.runner"):
+        asyncio.run(main())
+    lines = [r for r in caplog.records if r.name == "opd.runner"]
+    assert all(getattr(r, "file_only", False) for r in lines)  # the console has its bar
+    said = [r.getMessage() for r in lines]
+    every = [line for line in said if "none written" not in line]
+    assert [line.split(" written")[0] for line in every] == ["groups: 2 of 5", "groups: 4 of 5", "groups: 5 of 5"], said
+    assert "ETA" in every[0] and "ETA" not in every[-1] and "(0 failed, 0 dropped, " in every[0]
+    quiet = [line for line in said if "none written" in line]
+    # Item 3 (the 4th group) took 0.7 s: two or three lines 0.2 s apart, after the 3rd group.
+    assert 2 <= len(quiet) <= 4, said
+    assert all(q.startswith("groups: 3 of 5 written") and "the oldest group in flight started" in q
+               and q.endswith("requests: 3 in flight, 1 retried, 0 failed for good") for q in quiet), quiet
+    assert published == said
+    # A publisher that fails never fails the run: the first failure is said, every one counted.
+    caplog.clear()
+
+    def broken(line: str) -> None:
+        raise ConnectionError("tracking store gone")
+
+    async def unpublished():
+        runner = Runner(ScriptedEnv(), [], 3, RunnerLimits(1, 1, 0), progress=False, report=Progress(every=1, quiet_after_s=None, publish=broken))
+        await runner.run()
+        return runner
+
+    with caplog.at_level(logging.INFO, logger="opd.runner"):
+        runner = asyncio.run(unpublished())
+    assert runner.unpublished == 3 and runner.stats.written == 3
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == ["progress line not published (1 so far; the run goes on): tracking store gone"], warned
+    # Without a bar the lines go to the console too.
+    caplog.clear()
+    report = Progress(every=5, quiet_after_s=None, console=True)
+
+    async def bare():
+        return await Runner(ScriptedEnv(), [], 5, RunnerLimits(2, 1, 0), progress=False, report=report).run()
+
+    with caplog.at_level(logging.INFO, logger="opd.runner"):
+        asyncio.run(bare())
+    (line,) = [r for r in caplog.records if r.name == "opd.runner"]
+    assert line.getMessage().startswith("groups: 5 of 5 written") and not getattr(line, "file_only", False)

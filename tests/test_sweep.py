@@ -397,3 +397,57 @@ def test_a_parallel_sweep_as_its_user_sees_it_in_the_console_and_mlflow(tmp_path
     metrics = parent.data.metrics
     assert metrics["jobs/finished"] == 3 and metrics["jobs/failed"] == 0
     assert metrics["objective/max"] == max(by_job.values()) and metrics["objective/min"] == min(by_job.values())
+
+
+# The launcher with one defect planted in every job, inside its MLflow run (a test double: what is
+# under test is how the sweep reports a failed job, whatever failed).
+_FAILING_JOBS = """
+import runpy, sys
+import opd.build as build
+
+def tracer(cfg, tracker):
+    raise RuntimeError(f"boom in the job with seed {cfg.seed}")
+
+build.tracer = tracer
+build.preflight = lambda cfg, model: None  # no server to ask
+sys.argv = [sys.argv[0], *sys.argv[1:]]
+runpy.run_module("experiments.launch", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_failed_sweep_job_says_why_at_once_in_its_console_line_its_log_and_its_run(tmp_path: Path, fixture_model: str) -> None:
+    """Hydra's basic launcher raises a job's error only after the whole sweep (with a traceback);
+    each job now says why it failed when it fails: one `error:` line on the console before the next
+    job starts, the same line last in its launch.log (the traceback above it), its reason on its
+    MLflow run; the sweep ends with that line and status 1, no traceback on the console."""
+    store, sweep_dir = tmp_path / "mlflow.db", tmp_path / "sweep"
+    cmd = [sys.executable, "-c", _FAILING_JOBS, "-m", "seed=1,2", "env=inline_math", "server=vllm", f"server.model={fixture_model}",
+           "server.base_urls=[http://127.0.0.1:9/v1]", "runner.progress=false", f"tracking.uri=sqlite:///{store}",
+           f"tracking.artifact_root={tmp_path / 'mlruns'}", f"hydra.sweep.dir={sweep_dir}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    console = proc.stdout.splitlines()
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    errors = [i for i, line in enumerate(console) if line.startswith("error:")]
+    said = [console[i] for i in errors]
+    assert len(said) == 3, proc.stdout[-3000:]
+    first = f"error: sweep job 1 of 2 (seed=1) failed: RuntimeError: boom in the job with seed 1 (traceback in {sweep_dir / '0' / 'launch.log'})"
+    assert said[0] == first and said[1].startswith("error: sweep job 2 of 2 (seed=2) failed: RuntimeError: boom in the job with seed 2")
+    assert said[2] == first  # the sweep's end: the first failure, one line
+    second_job = next(i for i, line in enumerate(console) if "sweep job 2 of 2" in line)
+    assert errors[0] < second_job, proc.stdout[-3000:]  # at once, not after the sweep
+    assert "Traceback" not in proc.stdout
+    log = (sweep_dir / "0" / "launch.log").read_text()
+    assert log.splitlines()[-1].endswith(first) and "Traceback" in log
+    client, (parent,), children = _runs(f"sqlite:///{store}")
+    assert sorted(c.data.tags.get("opd.error") for c in children) == ["RuntimeError: boom in the job with seed 1", "RuntimeError: boom in the job with seed 2"]
+    assert all(c.info.status == "FAILED" for c in children)
+    # The sweep in MLflow's UI: an experiment of the classic kind, with a saved view of the jobs'
+    # runs whose columns are the swept keys and the objective, and its link on the console.
+    experiment = client.get_experiment(parent.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(experiment.tags[f"mlflow.sharedViewState.{parent.info.run_id}"])
+    assert view["name"] == parent.info.run_name
+    assert json.loads(view["state"])["selectedColumns"] == ["params.`seed`", "metrics.`objective`"]
+    assert f"#/experiments/{experiment.experiment_id}/runs?viewStateShareKey={parent.info.run_id}&workflowType=machine_learning" in proc.stdout

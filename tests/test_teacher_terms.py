@@ -70,9 +70,10 @@ def test_a_teacher_term_with_nothing_to_read_is_refused_alone_and_said_beside_pg
 
 
 def test_each_arm_sets_every_loss_weight_and_selects_the_reference_trainer() -> None:
-    weights = {arm: dict(validate(compose([f"arm={arm}"])).trainer.loss) for arm in ("grpo", "opd", "mix")}
+    weights = {arm: dict(validate(compose([f"arm={arm}"])).trainer.loss) for arm in ("grpo", "opd", "opd_topk", "mix")}
     assert weights == {"grpo": {"pg": 1.0, "opd_advantage": 0.0, "topk_kl": 0.0},
                        "opd": {"pg": 0.0, "opd_advantage": 1.0, "topk_kl": 0.0},
+                       "opd_topk": {"pg": 0.0, "opd_advantage": 0.0, "topk_kl": 1.0},
                        "mix": {"pg": 1.0, "opd_advantage": 1.0, "topk_kl": 0.0}}
     assert validate(compose(["arm=grpo"])).trainer.kind == "local"
     # The command line still wins over an arm.
@@ -84,15 +85,15 @@ def test_the_experiments_arms_share_one_budget_and_differ_only_in_the_loss_weigh
 
     from opd.config import compose as compose_with_hydra
 
-    configs = {arm: validate(compose(["experiment=opd_vs_grpo", f"arm={arm}"])) for arm in ("grpo", "opd", "mix")}
+    configs = {arm: validate(compose(["experiment=opd_vs_grpo", f"arm={arm}"])) for arm in ("grpo", "opd", "opd_topk")}
     flat = {arm: OmegaConf.to_container(OmegaConf.structured(cfg)) for arm, cfg in configs.items()}
-    for tree in flat.values():  # an arm is its loss and its learning rate (chosen per arm by a sweep)
-        del tree["trainer"]["loss"], tree["trainer"]["learning_rate"]
-    assert flat["grpo"] == flat["opd"] == flat["mix"]
-    cfg = configs["mix"]
-    # Budgeted in optimiser steps: one group per step, at least 100 of them, on all nine kinds.
-    assert cfg.dataset.kinds is None and cfg.trainer.kind == "local" and cfg.trainer.batch_groups == 1 and cfg.total_steps >= 100
+    for tree in flat.values():  # an arm is its loss, the learning rate included in what they share
+        del tree["trainer"]["loss"]
+    assert flat["grpo"] == flat["opd"] == flat["opd_topk"]
+    cfg = configs["opd_topk"]
+    # Budgeted in optimiser steps: one group per step, 60 of them, on all nine kinds.
+    assert cfg.dataset.kinds is None and cfg.trainer.kind == "local" and cfg.trainer.batch_groups == 1 and cfg.total_steps == 60
     assert cfg.server.model == "fixture_student" and cfg.teacher.server.model == "fixture_teacher" and cfg.eval.teacher
     assert cfg.sweep.objective == "summary/gap_closed" and cfg.eval.samples_per_item > 0 and cfg.eval.seed is not None
     sweeper = compose_with_hydra(["experiment=opd_vs_grpo"], hydra=True).hydra.sweeper.params
-    assert dict(sweeper) == {"arm": "grpo,opd,mix"}
+    assert dict(sweeper) == {"arm": "grpo,opd,opd_topk"}

@@ -5,6 +5,7 @@ All against MLflow's real stores: sqlite files and a real `mlflow server`."""
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import signal
 import subprocess
@@ -59,6 +60,51 @@ def test_the_uri_alone_decides_where_artifacts_go(tmp_path: Path) -> None:
         artifact_location("postgresql://user@db/mlflow", None)
     assert info.value.key == "tracking.artifact_root"
     assert artifact_location("postgresql://user@db/mlflow", "s3://bucket/runs") == "s3://bucket/runs"
+
+
+@pytest.mark.slow
+def test_a_runs_experiment_is_of_mlflows_classic_kind_unless_its_kind_was_chosen(tmp_path: Path) -> None:
+    """MLflow 3 opens an experiment without a kind in its GenAI view (traces, evaluations); the
+    project's runs are classic machine learning: the experiment a run creates says so
+    (`mlflow.experimentKind`, as the UI's own selector writes it), one made before without a kind
+    gets it, and one whose kind its user chose keeps it."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = _client(uri)
+    where = (tmp_path / "mlruns").as_uri()  # not MLflow's default, ./mlruns of the current directory
+    old = client.create_experiment("made_before", artifact_location=where)
+    chosen = client.create_experiment("chosen", artifact_location=where, tags={"mlflow.experimentKind": "genai_development"})
+    for name in ("tracking_test", "made_before", "chosen"):
+        (tmp_path / name).mkdir()
+        with open_run(_tracking(f"tracking.uri={uri}", f"tracking.experiment={name}"), tmp_path / name, {"x": 1}, _info()) as tracker:
+            tracker.begin()
+    kinds = {e.name: e.tags.get("mlflow.experimentKind") for e in client.search_experiments()}
+    assert kinds["tracking_test"] == kinds["made_before"] == "custom_model_development"
+    assert kinds["chosen"] == "genai_development" and client.get_experiment(old).name == "made_before" and chosen
+
+
+def test_links_into_the_mlflow_ui_are_at_the_stores_own_address_in_the_classic_view() -> None:
+    """A tracking server serves its UI at its own address (any port, no credentials in the link); a
+    sqlite store's UI is the one `mlflow ui` serves, named with the command beside it; `--ui` wins."""
+    from opd.tracking.ui import compare_link, run_link, sweep_view, ui_base, ui_command, view_link
+
+    assert ui_base("http://alice:secret@mlflow.lab:8080/prefix/") == "http://mlflow.lab:8080/prefix"
+    assert ui_base("https://mlflow.lab") == "https://mlflow.lab" and ui_command("https://mlflow.lab", "https://mlflow.lab") is None
+    assert ui_base("sqlite:////o/mlflow.db") == "http://127.0.0.1:5000"
+    assert ui_command("sqlite:////o/mlflow.db", "http://127.0.0.1:5000") == "mlflow ui --backend-store-uri sqlite:////o/mlflow.db"
+    assert ui_base("sqlite:////o/mlflow.db", "http://box:7000/") == "http://box:7000"
+    assert ui_command("sqlite:////o/mlflow.db", "http://box:7000") == "mlflow ui --backend-store-uri sqlite:////o/mlflow.db --host box --port 7000"
+    assert run_link("http://box:7000", "4", "abc") == "http://box:7000/#/experiments/4/runs/abc?workflowType=machine_learning"
+    assert view_link("http://box:7000", "4", "mlflow.sharedViewState.abc") == (
+        "http://box:7000/#/experiments/4/runs?viewStateShareKey=abc&workflowType=machine_learning")
+    assert compare_link("http://box:7000", "4", ["a", "b"]) == (
+        "http://box:7000/#/compare-runs?runs=%5B%22a%22%2C%22b%22%5D&experiments=%5B%224%22%5D&workflowType=machine_learning")
+    # A sweep's saved view, in the envelope MLflow 3's UI reads from the experiment's tags.
+    key, value = sweep_view("abc", "sweep x", ["reward.weights.correctness", "seed"], ["objective"])
+    envelope = json.loads(value)
+    state = json.loads(envelope["state"])
+    assert key == "mlflow.sharedViewState.abc" and envelope["name"] == "sweep x" and isinstance(envelope["createdAt"], int)
+    assert state["selectedColumns"] == ["params.`reward.weights.correctness`", "params.`seed`", "metrics.`objective`"]
+    assert state["searchFilter"] == "tags.mlflow.parentRunId = 'abc'" and state["orderByKey"] == "metrics.`objective`" and state["orderByAsc"] is False
 
 
 @pytest.mark.slow

@@ -213,7 +213,9 @@ def test_view_command_writes_next_to_the_file_also_from_gzip(records, tmp_path) 
     assert main(["view", str(packed), "--out", str(out)]) == 0
     assert len(page_blobs(out.read_text())) == 2
     assert main(["view", str(packed)]) == 0 and (tmp_path / "packed.html").exists()
-    assert main(["view", str(tmp_path / "missing.jsonl")]) == 1
+    with pytest.raises(SystemExit) as stopped:  # a missing input: one line, status 2, before any work
+        main(["view", str(tmp_path / "missing.jsonl")])
+    assert stopped.value.code == 2
 
 
 def test_a_cut_file_or_a_foreign_group_is_named_and_the_rest_shown(records, tokenizer, tmp_path) -> None:

@@ -46,6 +46,30 @@ def _context() -> dict[str, str]:
     return {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "git_commit": git_commit(ROOT)[:12], "host": platform.node(), "cpus": str(os.cpu_count())}
 
 
+def preflight(args: argparse.Namespace) -> None:
+    """What the benches are given, checked before any of them starts: the `--set` overrides compose
+    and validate, `--url` answers, `--root` is a checkout; a ConfigError naming the option
+    otherwise."""
+    from opd.cli import user_error
+    from opd.config import ConfigError, compose, validate
+    from opd.serving.watch import check_servers
+
+    if args.set:
+        try:
+            validate(compose(["tracking.enabled=false", *args.set]))
+        except ConfigError as err:
+            raise ConfigError(f"--set: {err}", "--set") from None
+        except Exception as err:  # noqa: BLE001 - Hydra's errors for what was typed become one line; others are raised
+            line = user_error(err, list(args.set))
+            if line is None:
+                raise
+            raise ConfigError(f"--set {line}", "--set") from None
+    if args.url:
+        check_servers([args.url], None, "--url", "--url")
+    if not (args.root / "experiments" / "launch.py").is_file():
+        raise ConfigError(f"--root={str(args.root)!r}: not a checkout of this project (no experiments/launch.py there)", "--root")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.bench", description=__doc__.split("\n")[0])
     parser.add_argument("name", choices=[*BENCHES, "all", "compare"])
@@ -61,6 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, action="append", help="overhead, compare: request limits (repeatable; default 1, 8, 32, 128)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from opd.cli import fail
+    from opd.config import ConfigError
+
+    try:
+        preflight(args)
+    except ConfigError as err:
+        fail(str(err))
     args.out.mkdir(parents=True, exist_ok=True)
     context = {**_context(), **({"overrides": " ".join(args.set)} if args.set else {})}
     if args.name == "startup" and args.root.resolve() != ROOT:

@@ -28,11 +28,11 @@ DISTINCT = 40  # distinct groups generated; the file repeats them under new item
 
 
 class Corpus:
-    """Token ids of real text (this repository's README and code) to draw windows from, and their
+    """Token ids of real text (this repository's README, docs and code) to draw windows from, and their
     frequencies, so generated turns and teacher alternatives have text-like statistics."""
 
     def __init__(self, tokenizer: Any) -> None:
-        text = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "opd").rglob("*.py"))])
+        text = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "opd").rglob("*.py"))])
         self.ids = np.asarray(tokenizer.encode(text, add_special_tokens=False), dtype=np.int64)
         counts = np.bincount(self.ids, minlength=len(tokenizer)).astype(np.float64) + 0.05
         self.frequency = counts / counts.sum()

@@ -2,7 +2,9 @@
 
 Prints a table of the sweep's job runs (swept params, objective, summary metrics; best objective
 first), writes it as compare.csv with compare.png (objective against each swept parameter), logs
-both to the sweep's parent run under compare/, and prints the MLflow UI address of the compare view.
+both to the sweep's parent run under compare/, and prints links into the MLflow UI at the store's own
+address (the tracking server's; `mlflow ui`'s for a sqlite store; `--ui` for another): the jobs'
+runs with the swept keys as columns (the sweep's saved view, `opd.tracking.ui`), the compare view.
 When the sweep ran each point with several seeds (`sweep.seeds`, or `seed` swept), it also prints
 each point's mean objective and spread over its seeds (compare_points.csv), best mean first, and
 whether the best point is told apart from the next by more than that spread (Welch's t-test).
@@ -20,10 +22,10 @@ curve against optimiser steps, rollouts and wall time and the steps it needed to
 from __future__ import annotations
 
 from experiments.compare.load import DEFAULT_URI, Point, Sweep, eval_rows, gain_points, load, locate
-from experiments.compare.report import (compare, main, mean_curves, table, ui_address, write_csv, write_eval_curves, write_gain_curves,
+from experiments.compare.report import (compare, main, mean_curves, table, write_csv, write_eval_curves, write_gain_curves,
                                         write_plot)
 from experiments.compare.statistics import gain_ranking, gain_separation, points, separation, verdicts_disagree
 
 __all__ = ["DEFAULT_URI", "Point", "Sweep", "compare", "eval_rows", "gain_points", "gain_ranking", "gain_separation", "load", "locate", "main",
-           "mean_curves", "points", "separation", "table", "ui_address", "verdicts_disagree", "write_csv", "write_eval_curves",
+           "mean_curves", "points", "separation", "table", "verdicts_disagree", "write_csv", "write_eval_curves",
            "write_gain_curves", "write_plot"]

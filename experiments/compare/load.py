@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.compare import gap
+from opd.config import ConfigError
 
 logger = logging.getLogger("experiments.compare")
 
@@ -57,7 +58,8 @@ def _number(text: Any) -> float | None:
 
 
 def locate(target: str, tracking_uri: str) -> tuple[str, str]:
-    """(parent run id, tracking URI) from a sweep dir (its opd_sweep.json) or a run id."""
+    """(parent run id, tracking URI) from a sweep dir (its opd_sweep.json) or a run id, once the
+    store is there to read; a ConfigError naming what was given otherwise."""
     from opd.sweep.state import read_state
     from opd.tracking.mlflow_run import absolute_tracking_uri
 
@@ -65,9 +67,28 @@ def locate(target: str, tracking_uri: str) -> tuple[str, str]:
     if path.is_dir():
         state = read_state(path)
         if state is None or not state.parent_run_id:
-            raise SystemExit(f"{path} is not a tracked sweep directory (no opd_sweep.json with a parent run)")
-        return state.parent_run_id, str(state.tracking_uri)
-    return target, absolute_tracking_uri(tracking_uri)
+            raise ConfigError(f"{target}: not a tracked sweep directory (no opd_sweep.json with a parent run); give a sweep directory "
+                              "(outputs/sweeps/<date>/<time>) or a sweep's parent run id", "target")
+        return state.parent_run_id, readable_store(str(state.tracking_uri), f"{target}'s store")
+    if path.exists() or not re.fullmatch(r"[\w-]+", target):
+        raise ConfigError(f"{target}: no such sweep directory; give a sweep directory (outputs/sweeps/<date>/<time>) or a sweep's parent run id",
+                          "target")
+    return target, readable_store(absolute_tracking_uri(tracking_uri), "--tracking-uri")
+
+
+def readable_store(uri: str, option: str) -> str:
+    """`uri` once it is an MLflow store there to read (a sqlite file that exists, a server that
+    answers as MLflow: `opd.tracking.store.check_store`); else a ConfigError naming `option`."""
+    from opd.tracking.store import check_store, sqlite_path
+
+    database = sqlite_path(uri)
+    if uri.startswith("sqlite:") and database is not None and not database.is_file():
+        raise ConfigError(f"{option}: no MLflow store at {database} ({uri})", option)
+    try:
+        check_store(uri, None)
+    except ConfigError as err:
+        raise ConfigError(f"{option}: {str(err).removeprefix('tracking.uri: ')}", option) from None
+    return uri
 
 
 def load(parent_run_id: str, tracking_uri: str) -> Sweep:
@@ -78,12 +99,12 @@ def load(parent_run_id: str, tracking_uri: str) -> Sweep:
     try:
         parent = client.get_run(parent_run_id)
     except mlflow.exceptions.MlflowException as err:
-        raise SystemExit(f"no run {parent_run_id!r} in {tracking_uri}: {err.message}") from None
+        raise ConfigError(f"{parent_run_id}: no such run in {tracking_uri} ({err.message})", "target") from None
     swept = [key for key in parent.data.tags.get("opd.swept", "").split(",") if key]
     experiment_id = parent.info.experiment_id
     children = client.search_runs([experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000)
     if not children:
-        raise SystemExit(f"run {parent_run_id} has no child runs: is it a sweep's parent run?")
+        raise ConfigError(f"{parent_run_id}: run {parent_run_id} has no child runs; is it a sweep's parent run?", "target")
     rows = []
     for child in children:
         row: dict[str, Any] = {"run": child.info.run_name, "status": child.info.status}

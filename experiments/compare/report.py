@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import logging
 import math
+import re
 import sys
 import tempfile
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from experiments.compare import gap
 from experiments.compare.load import DEFAULT_URI, Point, Sweep, _number, gain_points, load, locate
 from experiments.compare.statistics import gain_ranking, gain_separation, points, separation, verdicts_disagree
+from opd.cli import fail
+from opd.config import ConfigError
+from opd.tracking.ui import DEFAULT_UI, SAVED_VIEW_PREFIX, compare_link, sweep_view, ui_base, ui_command, view_link
 
 logger = logging.getLogger("experiments.compare")
 
@@ -187,19 +189,18 @@ def _public(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in row.items() if not k.startswith("_")} for row in rows]
 
 
-def ui_address(sweep: Sweep, host: str) -> str:
-    """The MLflow UI's compare view of the sweep's runs."""
-    runs = urllib.parse.quote(json.dumps(sweep.run_ids, separators=(",", ":")))
-    experiments = urllib.parse.quote(json.dumps([sweep.experiment_id], separators=(",", ":")))
-    return f"{host.rstrip('/')}/#/compare-runs?runs={runs}&experiments={experiments}"
-
-
-def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None = None, ui: str = "http://127.0.0.1:5000") -> tuple[Sweep, Path, Path, str]:
-    """Build the table, CSV and plot, log them to the parent run; return (sweep, csv, png, UI address)."""
+def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None = None, ui: str | None = None) -> tuple[Sweep, Path, Path, str]:
+    """Build the table, CSV and plot, log them to the parent run; return (sweep, csv, png, the
+    MLflow UI's address: `ui`, or the store's own, `opd.tracking.ui.ui_base`)."""
+    parent_run_id, uri = locate(target, tracking_uri)  # before MLflow's import: a bad target fails in a second
     import mlflow
 
-    parent_run_id, uri = locate(target, tracking_uri)
     sweep = load(parent_run_id, uri)
+    client = mlflow.MlflowClient(uri)
+    view_key = SAVED_VIEW_PREFIX + parent_run_id
+    if view_key not in client.get_experiment(sweep.experiment_id).tags:  # a sweep from before saved views: its link must open
+        client.set_experiment_tag(sweep.experiment_id, *sweep_view(parent_run_id, client.get_run(parent_run_id).info.run_name or parent_run_id,
+                                                                   sweep.swept, ["objective"]))
     if out_dir is None:
         out_dir = Path(target) if Path(target).is_dir() else Path("outputs/compare") / parent_run_id
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -207,7 +208,6 @@ def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None =
     per_point = points(sweep)
     points_path = write_csv([{k: v for k, v in row.items() if k != "objectives"} for row in per_point], out_dir / "compare_points.csv") if per_point else None
     png_path = write_plot(sweep, out_dir / "compare.png")
-    client = mlflow.MlflowClient(uri)
     curves = write_eval_curves(sweep, client, out_dir / "compare_eval.png")
     gain_csv = gain_png = None
     gap_files: list[Path] = []
@@ -227,7 +227,7 @@ def compare(target: str, tracking_uri: str = DEFAULT_URI, out_dir: Path | None =
         logger.warning("this sweep varies reward weights and is ranked by %s, a reward those weights scale: the ranking says nothing about "
                        "the data. Rank by held-out accuracy: trainer=local eval.every=N (the default objective then), or sweep.objective=accuracy.",
                        sweep.objective)
-    return sweep, csv_path, png_path, ui_address(sweep, ui)
+    return sweep, csv_path, png_path, ui_base(uri, ui)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,10 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("target", help="a sweep directory (outputs/sweeps/<date>/<time>) or a sweep's parent run id")
     parser.add_argument("--tracking-uri", default=DEFAULT_URI, help="MLflow store for a run id (a sweep dir knows its own)")
     parser.add_argument("--out", type=Path, default=None, help="where compare.csv/png go (default: the sweep dir)")
-    parser.add_argument("--ui", default="http://127.0.0.1:5000", help="address of the MLflow UI (`mlflow ui` serves on port 5000)")
+    parser.add_argument("--ui", default=None, help="address of the MLflow UI, for its links (default: the tracking server's own address, "
+                        f"or where `mlflow ui` serves a sqlite store: {DEFAULT_UI})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    sweep, csv_path, png_path, address = compare(args.target, args.tracking_uri, args.out, args.ui)
+    if args.ui and not re.match(r"https?://[^/\s]+", args.ui):
+        fail(f"--ui={args.ui!r}: give the UI's address, such as http://127.0.0.1:5000")
+    try:
+        sweep, csv_path, png_path, address = compare(args.target, args.tracking_uri, args.out, args.ui)
+    except ConfigError as err:
+        fail(str(err))
     sys.stdout.write(table(sweep.rows) + "\n\n")
     if (tie := sweep.tie()) is not None:
         sys.stdout.write(f"every job tied: {sweep.objective} = {tie:.4g} in all {len(sweep.rows)}, so the order above means nothing; "
@@ -264,5 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("(compare_gap.csv; the curves against optimiser steps, rollouts and wall time in compare_gap.png, the reverse KL "
                          "to the teacher on fresh samples in compare_kl.png)\n\n")
     sys.stdout.write(f"ranked by: {sweep.objective}\ntable: {csv_path}\nplot:  {png_path}\n(logged to the parent run {sweep.parent_run_id} under compare/, with compare_eval.png when the runs evaluated)\n\n")
-    sys.stdout.write(f"MLflow UI:  mlflow ui --backend-store-uri {sweep.tracking_uri}\ncompare view: {address}\n")
+    serve = ui_command(sweep.tracking_uri, address)
+    sys.stdout.write(f"MLflow UI:  {address}" + (f" (serve it: {serve})" if serve else " (the tracking server's)") + "\n"
+                     f"the jobs' runs, swept keys as columns: {view_link(address, sweep.experiment_id, sweep.parent_run_id)}\n"
+                     f"compare view: {compare_link(address, sweep.experiment_id, sweep.run_ids)}\n")
     return 0

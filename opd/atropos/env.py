@@ -31,6 +31,7 @@ from atroposlib.envs.server_handling.server_baseline import APIServerConfig
 from pydantic import Field, field_validator
 
 from opd import build
+from opd.cli import fail, user_error
 from opd.config import Config, ConfigError, compose, validate
 from opd.serving.pool import ServerPool
 from opd.tracking.traces import Tracer
@@ -83,8 +84,16 @@ class AtroposPool(ServerPool):
 
 
 def opd_config(env_name: str, overrides: list[str]) -> Config:
-    """Our config for `env_name` with `overrides` (composed and validated as a launch would)."""
-    return validate(compose([f"env={env_name}", *overrides]))
+    """Our config for `env_name` with `overrides` (composed and validated as a launch would); an
+    override that does not compose is a ConfigError naming `--env.opd_overrides` in one line."""
+    try:
+        composed = compose([f"env={env_name}", *overrides])
+    except Exception as err:  # noqa: BLE001 - Hydra's errors for what was typed become one line; others are raised
+        line = user_error(err, list(overrides))
+        if line is None:
+            raise
+        raise ConfigError(f"--env.opd_overrides: {line}", "--env.opd_overrides") from None
+    return validate(composed)
 
 
 def _quoted(value: str) -> str:
@@ -101,6 +110,40 @@ class AtroposEntry:
     # atroposlib builds a server manager from this class before ours replaces it; it gets no
     # servers, and a concrete class keeps it from guessing one from an empty list.
     server_cls = OpenAIServer
+
+    @classmethod
+    def cli(cls) -> None:
+        """atroposlib's command line (`serve`, `process`, `evaluate`) in this project's error
+        style: a value that is wrong, a tokenizer that cannot be had, servers that do not answer,
+        each found before any work starts, stop the command with one line naming the option
+        (`error: --env.tokenizer_name=...: ...`), exit status 2."""
+        from pydantic import ValidationError
+
+        try:
+            super().cli()  # type: ignore[misc]
+        except ConfigError as err:
+            fail(str(err))
+        except ValidationError as err:  # a value atroposlib's config refuses, e.g. --env.opd_overrides
+            first = err.errors()[0]
+            option = ".".join(str(part) for part in first.get("loc", ()))
+            fail(f"--env.{option}: {first.get('msg', err)}" if option else str(err).splitlines()[0])
+
+    @classmethod
+    def preflight(cls, config: OPDAtroposConfig, servers: list[APIServerConfig]) -> Config:
+        """Before anything is built, our config from atroposlib's values: the tokenizer found (a
+        local directory, a cached hub model or one the hub gives now; an unreachable hub fails in
+        seconds, not after transformers' retries), `--env.opd_overrides` composed and checked,
+        every server answering and serving `--openai.model_name`, and the run's own checks
+        (`opd.build.preflight`). A ConfigError naming the option otherwise."""
+        from opd.serving.model_lookup import find_model
+        from opd.serving.watch import check_servers
+
+        find_model(config.tokenizer_name, "--env.tokenizer_name")
+        cfg = cls.opd_config_for(config, servers)
+        for server in servers:
+            check_servers([server.base_url], server.model_name, "--openai.base_url", "--openai.model_name")
+        build.preflight(cfg, config.tokenizer_name)
+        return cfg
 
     @classmethod
     def config_init(cls) -> tuple[OPDAtroposConfig, list[APIServerConfig]]:
@@ -142,7 +185,7 @@ class AtroposEntry:
 
     def __init__(self, config: OPDAtroposConfig, server_configs: Any, slurm: bool = False, testing: bool = False) -> None:
         servers = server_configs if isinstance(server_configs, list) else [server_configs]
-        cfg = self.opd_config_for(config, servers)
+        cfg = self.preflight(config, servers)
         pool = AtroposPool([c for c in build.server_pool(cfg, cfg.server.model, cfg.server.base_urls).clients],
                            cfg.server.max_requests_in_flight, cfg.server.max_attempts)
         args, kwargs = build.environment_arguments(cfg, build.load_data(cfg), config.tokenizer_name, pool, Tracer.off(), build.judge_pool(cfg),

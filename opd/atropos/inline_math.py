@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from atroposlib.envs.base import BaseEnv
+import sys
 
-from opd.atropos.env import AtroposEntry
-from opd.envs.inline_math import InlineMathEnv
+if __name__ == "__main__":  # the options that can fail are checked before atroposlib's slow import
+    from opd.atropos.precheck import main as precheck
+
+    precheck(sys.argv[1:])
+
+from atroposlib.envs.base import BaseEnv  # noqa: E402
+
+from opd.atropos.env import AtroposEntry  # noqa: E402
+from opd.envs.inline_math import InlineMathEnv  # noqa: E402
 
 
 class InlineMathAtropos(AtroposEntry, InlineMathEnv, BaseEnv):

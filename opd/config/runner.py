@@ -33,6 +33,8 @@ class RunnerConfig:
     max_failed_groups: int = checked(at_least(0))
     max_dropped_groups: Optional[int] = checked(at_least(0), null="10 x total_steps")
     progress: bool = MISSING
+    progress_every: int = checked(at_least(1))
+    quiet_after_s: Optional[float] = checked(above(0), null="no line while no group is written")
     fsync: bool = MISSING
     workers: int = checked(at_least(1))
     ray: RayConfig = MISSING

@@ -4,7 +4,7 @@ All pairs of all sequences run concurrently under one semaphore (`max_concurrenc
 scoring requests in flight). Every failure is counted and logged once per cause; a pair whose
 judge or scoring failed simply carries no teacher rows, and the record says why.
 
-Output per sequence (see the README, "OPD fields"):
+Output per sequence (see docs/records.md, "OPD fields"):
 - `distill_token_ids` / `distill_logprobs` [pos][K]: the teacher's top-K sorted by logprob on the
   positions of hinted, scored turns; elsewhere K pads (`DISTILL_PAD_ID`, `DISTILL_PAD_LOGPROB`).
 - `overrides["teacher_logprobs"]` [pos]: the teacher's logprob of the token the student sampled

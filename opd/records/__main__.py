@@ -1,11 +1,15 @@
 """`python -m opd.records check FILE [FILE ...]`: check every group of record files (exit 1 on any
 problem); with `--rerender`, also render each rollout's conversation with the chat template of the
 model that wrote it and report where the ids differ (`opd.envs.rerender`);
-`python -m opd.records view FILE [--tokenizer DIR] [--out HTML]`: write its viewer.
+`python -m opd.records view FILE [--tokenizer DIR] [--out HTML]`: write its viewer;
+`python -m opd.records export FILE|RUN_DIR --format parquet|jsonl --out DIR`: one row per rollout,
+for `datasets.load_dataset` and trainers (`opd.records.export`, docs/records.md).
 
-Both read with `opd.records.reader` (the reader resume uses too, with the same limits; the flags
+All three read with `opd.records.reader` (the reader resume uses too, with the same limits; the flags
 below change them for one command) and print one line per problem, naming the file and the line,
-with control and bidi characters from the file escaped."""
+with control and bidi characters from the file escaped. A file that is not there, a tokenizer that
+cannot be had or a page that cannot be written stops the command with one line (`error: ...`),
+before anything is read."""
 
 from __future__ import annotations
 
@@ -14,7 +18,9 @@ import dataclasses
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
+from opd.cli import fail
 from opd.records.escape import console
 from opd.records.reader import LIMITS, Limits, digest, is_gzip, read_groups, records
 from opd.records.rules import check_group
@@ -63,6 +69,12 @@ def check_file(path: Path, limits: Limits = LIMITS, follow: bool = True) -> tupl
 
 
 def _check(paths: list[Path], limits: Limits, rerender: bool = False, config: Path | None = None, tokenizer: Path | None = None) -> int:
+    for path in paths:
+        _readable(path)
+    if config is not None and not config.is_file():
+        fail(f"--config={console(str(config))!r}: no such file; give the run's config.yaml")
+    if tokenizer is not None and not tokenizer.is_dir():
+        fail(f"--tokenizer={console(str(tokenizer))!r}: no such directory; give the model's tokenizer directory")
     failed = False
     for path in paths:
         count, problems = check_file(path, limits)
@@ -119,19 +131,69 @@ def _rerender(path: Path, config: Path, tokenizer: Path | None, limits: Limits) 
     return 1 if errors else 0
 
 
-def _view(path: Path, tokenizer_dir: Path, out: Path | None, limits: Limits) -> int:
+def _readable(path: Path) -> None:
+    """Stop with one line (`error: ...`, status 2) unless `path` is a file there is to read."""
+    if not path.exists():
+        fail(f"{console(str(path))}: no such file")
+    if path.is_dir():
+        fail(f"{console(str(path))} is a directory; give a records file (groups.jsonl or groups.jsonl.gz)")
+
+
+def _cached(name: str) -> bool:
+    """Whether hub model `name` has its tokenizer in the local Hugging Face cache (no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return any(isinstance(try_to_load_from_cache(name, file), str) for file in ("tokenizer.json", "tokenizer_config.json"))
+    except Exception:  # noqa: BLE001 - not a hub name at all
+        return False
+
+
+def load_tokenizer(name: str) -> Any:
+    """The tokenizer of `--tokenizer`: a local directory or a hub model already in the local cache,
+    looked up without the network and before transformers is imported (it would retry an
+    unreachable hub for minutes); else one line naming `--tokenizer` and what to do."""
+    advice = "give the directory of the model that wrote the records (its tokenizer.json), or download it first (huggingface-cli download NAME)"
+    if not Path(name).is_dir() and not _cached(name):
+        fail(f"--tokenizer={console(name)!r} is not a directory nor a hub model in the local Hugging Face cache: {advice}")
     from transformers import AutoTokenizer
 
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError) as err:
+        fail(f"--tokenizer={console(name)!r} has no tokenizer transformers can load ({console(str(err).splitlines()[0])[:200]}): {advice}")
+
+
+def _view(path: Path, tokenizer: str, out: Path | None, limits: Limits) -> int:
     from opd.records.viewer import write_viewer
 
+    _readable(path)
     html = out or path.with_name(path.name.removesuffix(".gz").removesuffix(".jsonl") + ".html")
+    if not html.parent.is_dir():
+        fail(f"--out={console(str(html))}: no such directory {console(str(html.parent))}")
+    loaded = load_tokenizer(tokenizer)
     try:
-        write_viewer(path, AutoTokenizer.from_pretrained(str(tokenizer_dir)), html, limits, follow=True)
+        write_viewer(path, loaded, html, limits, follow=True)
     except (ValueError, OSError) as err:
         said = console(str(err))
-        logger.error("%s", said if console(str(path)) in said else f"{console(str(path))}: {said}")
-        return 1
+        fail(said if console(str(path)) in said else f"{console(str(path))}: {said}", 1)
     return 0
+
+
+def _export(source: Path, fmt: str, out: Path, model: str | None, limits: Limits) -> int:
+    from opd.records.export import ExportError, export_file, groups_file, log_skips, run_model
+
+    try:
+        path = groups_file(source)
+        done = export_file(path, out, fmt, model if model is not None else run_model(path), limits, follow=True)
+    except (ExportError, OSError) as err:
+        said = console(str(err))
+        logger.error("%s", said if console(str(source)) in said else f"{console(str(source))}: {said}")
+        return 1
+    log_skips(path, done.skipped)
+    logger.info("%s: %d rollouts of %d groups written to %s%s", console(str(path)), done.rows, done.groups, console(str(done.path)),
+                f"; {len(done.skipped)} lines skipped" if done.skipped else "")
+    return 1 if done.skipped else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,13 +211,21 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--tokenizer", type=Path, help="the model's tokenizer directory (default: the config's server.model)")
     view = commands.add_parser("view", help="write the HTML viewer of a record file", parents=[limits])
     view.add_argument("file", type=Path, help="groups.jsonl or groups.jsonl.gz")
-    view.add_argument("--tokenizer", type=Path, default=FIXTURE_MODEL, help="a tokenizer directory (default: the fixture model's)")
+    view.add_argument("--tokenizer", default=str(FIXTURE_MODEL),
+                      help="a tokenizer directory or a hub model in the local cache (default: the fixture model's)")
     view.add_argument("--out", type=Path, help="the page to write (default: FILE with the suffix .html)")
+    export = commands.add_parser("export", help="one row per rollout, typed columns, as Parquet or JSON lines", parents=[limits])
+    export.add_argument("source", type=Path, help="groups.jsonl(.gz), or a run directory")
+    export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="the file written (default: %(default)s)")
+    export.add_argument("--out", type=Path, required=True, help="the directory to write DIR/groups.<format> in (made if missing)")
+    export.add_argument("--model", help="the model column (default: server.model of the run's config.yaml beside the file)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     chosen = dataclasses.replace(LIMITS, max_line_bytes=int(args.max_line_mb * 2**20), max_ratio=args.max_ratio)
     if args.command == "view":
         return _view(args.file, args.tokenizer, args.out, chosen)
+    if args.command == "export":
+        return _export(args.source, args.format, args.out, args.model, chosen)
     return _check(args.files, chosen, args.rerender, args.config, args.tokenizer)
 
 

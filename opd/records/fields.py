@@ -1,7 +1,7 @@
 """The type of every field of a group besides the numeric arrays, as data, and one checker.
 
 A group is read by more than its writer: the viewer, the trainer, `python -m opd.records check`.
-Each field the format names (README, "Record format") has a type here; a value of another type
+Each field the format names (docs/records.md, "Record format") has a type here; a value of another type
 makes the group invalid, with a sentence naming the field's path and what it must be. Keys the
 format does not name are allowed (records written by other Atropos environments carry their own);
 what they hold is only ever shown as escaped text.

@@ -117,6 +117,16 @@ class ServerPool:
         return self.failed
 
     @property
+    def in_use(self) -> int:
+        """Requests that hold a server slot now (sent, or about to be)."""
+        return self.slots * len(self.free) - sum(self.free)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a free slot now."""
+        return len(self._waiting)
+
+    @property
     def last_error(self) -> str | None:
         """A failed request's message (the last one of the first client that has one)."""
         return next((error for client in self.clients if (error := getattr(client, "last_error", None))), None)

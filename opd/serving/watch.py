@@ -40,9 +40,9 @@ def healthy(base_url: str, timeout: float = 3.0) -> bool:
         return False
 
 
-def check_servers(urls: list[str], model: str, key: str, model_key: str, timeout_s: float = 10.0) -> None:
+def check_servers(urls: list[str], model: str | None, key: str, model_key: str, timeout_s: float = 10.0) -> None:
     """Before a run uses running servers: each of `urls` answers /health and, where it lists its
-    models (/v1/models), serves `model`. A server that was never up fails here within seconds
+    models (/v1/models), serves `model` (None: any). A server that was never up fails here within seconds
     (a ConfigError naming `key`, or `model_key` for the model), not after the outage wait."""
     for url in urls:
         root = url.removesuffix("/v1").rstrip("/")
@@ -59,7 +59,7 @@ def check_servers(urls: list[str], model: str, key: str, model_key: str, timeout
                 served = [str(m.get("id")) for m in json.load(response).get("data", [])]
         except (urllib.error.URLError, OSError, ValueError, AttributeError):
             continue  # a server that does not list its models: requests will say
-        if served and model not in served:
+        if model is not None and served and model not in served:
             raise ConfigError(f"{model_key}: {model!r} is not served at {url}; it serves {', '.join(served)}", model_key)
 
 

@@ -119,3 +119,11 @@ def evaluation(ctx: SinkContext) -> Sink | None:
     from opd.sinks.evaluation import Evaluator
 
     return Evaluator(ctx.env, ctx.cfg.eval, ctx.concurrency, ctx.out_dir, ctx.tracker, ctx.ceiling)
+
+
+@sink_factory("parquet")
+def _parquet(ctx: SinkContext) -> Sink | None:
+    """The run's records as a dataset (`<run dir>/dataset/groups.parquet`), written when it ends."""
+    from opd.sinks.parquet import ParquetExport
+
+    return ParquetExport(ctx.groups_path, ctx.out_dir / "dataset", ctx.cfg.server.model)

@@ -52,6 +52,7 @@ class SweepCallback(Callback):
         self.__init__()  # type: ignore[misc]
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from opd.cli import fail
         from opd.config import ConfigError
 
         try:
@@ -59,8 +60,7 @@ class SweepCallback(Callback):
         except ConfigError as err:
             # Hydra only warns about an error raised here and would start every job anyway.
             self._finish(completed=False)
-            sys.stderr.write(f"error: {err}\n")
-            sys.exit(2)
+            fail(str(err))
 
     def _start(self, config: DictConfig) -> None:
         from opd.config import validate
@@ -129,10 +129,10 @@ class SweepCallback(Callback):
         import mlflow
         from mlflow.tracking.context import registry as context
 
-        from opd.experiment import model_label
-        from opd.tracking.mlflow_run import ensure_experiment, run_title, source_tags, system_tags
+        from opd.tracking.mlflow_run import ensure_experiment, model_label, run_title, source_tags, system_tags
         from opd.tracking.secrets import mask_overrides
         from opd.tracking.store import absolute_tracking_uri, artifact_location, check_store
+        from opd.tracking.ui import sweep_view, ui_base, view_link
 
         check_store(typed.tracking.uri, typed.tracking.artifact_root)  # a bad store: one line, before any job
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines (creating tables, ...) are noise on the sweep's console
@@ -150,7 +150,10 @@ class SweepCallback(Callback):
             **({"opd.jobs_planned": str(state.jobs)} if state.jobs is not None else {}),
         }))
         state.parent_run_id, state.tracking_uri, state.experiment_id = run.info.run_id, uri, experiment_id
-        logger.info("MLflow sweep parent run %s (%s) in experiment %s", run.info.run_id, name, typed.tracking.experiment)
+        # The jobs' runs as a saved view of the experiment: the swept keys as columns, the objective.
+        self.client.set_experiment_tag(experiment_id, *sweep_view(run.info.run_id, name, state.swept, ["objective"]))
+        logger.info("MLflow sweep parent run %s (%s) in experiment %s; its jobs' runs: %s", run.info.run_id, name, typed.tracking.experiment,
+                    view_link(ui_base(uri), experiment_id, run.info.run_id))
 
     def _start_server(self, typed: Any, state: SweepState) -> None:
         from opd.build import local_server, resolve_model
@@ -203,6 +206,8 @@ class SweepCallback(Callback):
                     setattr(self, name, None)
 
     def _close_parent(self, state: SweepState, completed: bool) -> None:
+        from opd.tracking.ui import ui_base, view_link
+
         children = self.client.search_runs(
             [state.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{state.parent_run_id}'", max_results=10000,
         )
@@ -215,8 +220,9 @@ class SweepCallback(Callback):
         self.client.set_tag(state.parent_run_id, "opd.jobs", str(len(children)))
         self._log_outcome(state.parent_run_id, children)
         self.client.set_terminated(state.parent_run_id, status)
-        logger.info("sweep parent run %s ended %s (%d job runs); compare them: python -m experiments.compare %s",
-                    state.parent_run_id, status, len(children), state.sweep_dir)
+        logger.info("sweep parent run %s ended %s (%d job runs); compare them: python -m experiments.compare %s; in MLflow: %s",
+                    state.parent_run_id, status, len(children), state.sweep_dir, view_link(ui_base(str(state.tracking_uri)), str(state.experiment_id),
+                                                                                          state.parent_run_id))
 
     def _log_outcome(self, parent_run_id: str, children: list[Any]) -> None:
         """The sweep at a glance on its parent: jobs finished and failed, the objective's highest,

@@ -16,6 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from opd.run_files import open_file
+from opd.runner import duration
 from opd.sweep.state import SweepState
 
 logger = logging.getLogger(__name__)
@@ -26,15 +27,6 @@ SUMMARY_FILE = "summary.json"
 def jobs_done(sweep_dir: str | Path) -> int:
     """Jobs of the sweep that have finished (their folder holds summary.json)."""
     return sum(1 for _ in Path(sweep_dir).glob(f"*/{SUMMARY_FILE}"))
-
-
-def duration(seconds: float) -> str:
-    """`45 s`, `12 min`, `2.5 h`."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def job_line(state: SweepState, num: int, now: float | None = None) -> str:

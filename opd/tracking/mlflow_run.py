@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from opd.config import ConfigError
+from opd.config import Config, ConfigError
 from opd.run_files import read_text, replace_file
 from opd.tracking import secrets
 from opd.tracking.session import DatasetRef, ensure_experiment, git_commit, system_tags  # noqa: F401 (re-exported)
@@ -327,6 +327,19 @@ _UNNAMED = {"env", "model", "server", "server.model", "server.base_urls", "judge
 _UNNAMED_PREFIXES = ("hydra.", "hydra/", "tracking.")
 
 
+# The fixture model's directory (opd/fixture/model), named by path: opd.fixture is a higher layer.
+_FIXTURE_DIR = _PACKAGE_ROOT / "opd" / "fixture" / "model"
+
+
+def model_label(cfg: Config) -> str:
+    """The model in a run's name: the preset's name for its own checkpoint (`fixture`, `qwen3`),
+    else the checkpoint's last path part (`Qwen3-4B`)."""
+    model = cfg.server.model.rstrip("/")
+    if model in (cfg.model.path, "fixture") or Path(model).resolve() == _FIXTURE_DIR.resolve():
+        return cfg.model.name
+    return model.rsplit("/", 1)[-1] or model
+
+
 def run_title(env: str, model: str, overrides: list[str], limit: int = 200) -> str:
     """A run's name from what was asked: `opd_coding fixture distill_topk=20 total_steps=6`
     (the environment, the model, the overrides that change what the run does)."""
@@ -401,7 +414,8 @@ def open_run(tracking: Any, out: Path, resolved: dict[str, Any], info: RunInfo, 
     """The run's MLflow run for the length of the block (see the module docstring). A store that
     cannot be used is a ConfigError naming `tracking.uri`, raised before anything starts. The run
     is opened once `tracker.begin()` is called (at once with `begin=True`); a failure of its
-    tracking fails the block at its next call to the tracker, or at its end."""
+    tracking fails the block at its next call to the tracker, or at its end. A block that raises
+    leaves its reason in the run's tag `opd.error`."""
     check_store(tracking.uri, tracking.artifact_root)
     tracker = Tracker(tracking.uri, tracking.experiment, tracking.artifact_root, info.name, tracking.max_param_chars,
                       parent_run_id=info.parent_run_id, experiment_id=info.experiment_id, run_id=resume_id, run_file=out / RUN_FILE,
@@ -424,6 +438,11 @@ def open_run(tracking: Any, out: Path, resolved: dict[str, Any], info: RunInfo, 
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
+        raise
+    except Exception as err:
+        # Why it failed, on the run itself (the UI shows its tags), not only in the run's log.
+        with contextlib.suppress(Exception):
+            tracker.set_tags({"opd.error": f"{type(err).__name__}: {err}"[:5000]})
         raise
     finally:
         error = tracker.end(status)

@@ -60,12 +60,18 @@ def _collect_system_tags() -> dict[str, str]:
 
 def ensure_experiment(client: Any, name: str, location: str | None) -> str:
     """The id of experiment `name`, created with its artifacts at `location` if new (None: the
-    store's own default; `opd.tracking.store.artifact_location` says which)."""
+    store's own default; `opd.tracking.store.artifact_location` says which), of MLflow's classic
+    machine-learning kind (`opd.tracking.ui`; an existing experiment that has no kind gets it, one
+    whose kind was chosen keeps it)."""
+    from opd.tracking.ui import EXPERIMENT_KIND_TAG, experiment_tags
+
     found = client.get_experiment_by_name(name)
     if found is not None:
+        if EXPERIMENT_KIND_TAG not in found.tags:
+            client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, experiment_tags()[EXPERIMENT_KIND_TAG])
         return found.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location, tags=experiment_tags())
     except Exception:  # another job of the sweep created it first
         found = client.get_experiment_by_name(name)
         if found is None:
