@@ -32,7 +32,8 @@ def recording_sink(ctx: SinkContext) -> Sink:
 
 def test_a_name_that_is_no_sink_is_a_config_error_naming_sinks() -> None:
     assert resolve("mlflow") is SINKS["mlflow"] and resolve("test_sinks:recording_sink") is recording_sink
-    with pytest.raises(ConfigError, match=r"sinks: no sink named 'mlflo' \(sinks: mlflow, atropos, trainer, evaluation, parquet; or package.module:factory\)"):
+    with pytest.raises(ConfigError, match=r"sinks: no sink named 'mlflo'; did you mean mlflow\? \(sinks: mlflow, atropos, trainer, evaluation, parquet; "
+                                          r"or package.module:factory\)"):
         resolve("mlflo")
     with pytest.raises(ConfigError, match="sinks: cannot load 'no_such_module:f': ModuleNotFoundError"):
         resolve("no_such_module:f")

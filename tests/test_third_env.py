@@ -47,7 +47,7 @@ def test_an_environment_without_a_spec_is_named_in_one_line(tmp_path: Path) -> N
     from opd.config import ConfigError, validate
     from opd.envs.registry import spec_of
 
-    with pytest.raises(ConfigError, match=r"env.name: unknown environment 'echo' \(environments: inline_math, opd_coding; or env.spec="):
+    with pytest.raises(ConfigError, match=r"env.name: no environment named 'echo' \(environments: inline_math, opd_coding; or env.spec="):
         spec_of({"name": "echo"})
     with pytest.raises(ConfigError, match="env.spec: cannot load 'third_env.nowhere:SPEC': ModuleNotFoundError"):
         spec_of({"name": "echo", "spec": "third_env.nowhere:SPEC"})
