@@ -88,10 +88,9 @@ class RolloutResult:
 
     # Its aligned token record (prompt masked, sampled ids with their logprobs, inserted text masked).
     sequence: Sequence
-    # The rubric's score: the total is the rollout's score, the signals are recorded.
+    # The rubric's score: the total is the rollout's score, the signals are recorded. Whether the
+    # rollout passed is the rubric's pass rule on these signals, decided once by the base (`passed`).
     scored: Scored
-    # Whether it solved its task (`overrides[i].passed`; an evaluation's `correct`, the `accuracy` metric).
-    passed: bool
     # How it ended (eos, length, context, ...).
     finish: str
     # Calls that reached a tool, and calls whose result is an error.
@@ -111,10 +110,10 @@ class RolloutResult:
     # The env's own record of the rollout, for its `finish_group` (not written).
     state: Any = None
 
-    def detail(self) -> dict[str, Any]:
-        """Its `overrides[i]` in the group record."""
+    def detail(self, passed: bool) -> dict[str, Any]:
+        """Its `overrides[i]` in the group record, with whether it `passed` (the rubric's verdict)."""
         generated = self.generated_tokens if self.generated_tokens is not None else sum(m != MASK for m in self.sequence.masks)
-        return {"reward_signals": self.scored.signals, "passed": self.passed, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
+        return {"reward_signals": self.scored.signals, "passed": passed, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
                 "finish": self.finish, "generated_tokens": generated, **self.fields}
 
 
@@ -267,12 +266,18 @@ class RolloutEnv:
         results = [result for result, _ in done]
         rows = [r for _, r in done if r is not None] if self.teacher is not None else None
         messages = [r.messages or [] for r in results] if any(r.messages is not None for r in results) else None
-        group = self.group_record(item, [r.sequence for r in results], [r.scored.total for r in results], [r.detail() for r in results],
+        group = self.group_record(item, [r.sequence for r in results], [r.scored.total for r in results], [r.detail(self.passed(r)) for r in results],
                                   self.record_params, messages, {key: item[key] for key in self.item_fields})
         if rows is not None:
             self.add_teacher_rows(group, rows)
         await self.finish_group(group, item, results, roots, rows)
         return group
+
+    def passed(self, result: RolloutResult) -> bool:
+        """Whether a rollout solved its task: its rubric's pass rule on its signals, the one
+        verdict the record (`overrides[i].passed`), the metrics (`accuracy`, an evaluation's
+        `correct`) and the viewer read."""
+        return self.rubric.passed(result.scored.signals)
 
     def prepare(self, item: dict[str, Any], training: bool) -> Any:
         """What every rollout of `item` shares (given to `rollout` as `prepared`): once per group
@@ -388,7 +393,7 @@ class RolloutEnv:
     async def eval_item(self, item: dict[str, Any], temperature: float) -> ItemResult:
         """One rollout of a held-out item (no teacher, no env stage)."""
         r = await self.rollout(item, temperature, self.prepare(item, training=False))
-        return ItemResult(r.passed, r.scored.total, dict(r.eval_metrics), prompt=r.prompt, response=r.response, turns=r.turns)
+        return ItemResult(self.passed(r), r.scored.total, dict(r.eval_metrics), prompt=r.prompt, response=r.response, turns=r.turns)
 
     async def close(self) -> None:
         await self.server.close()

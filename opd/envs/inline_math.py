@@ -144,10 +144,9 @@ class InlineMathEnv(RolloutEnv):
         rollout = await self.turn(prompt, temperature)
         with latency.phase("reward"):
             scored = await self.score(rollout, item["answer"])
-        correct = bool(scored.signals["correct"])
         return RolloutResult(
-            rollout.sequence, scored, correct, rollout.finish, rollout.tool_calls_run, rollout.tool_errors, rollout.generated_tokens,
-            messages + rollout.messages, {"correct": correct, "verify_timed_out": rollout.verify_timed_out},
+            rollout.sequence, scored, rollout.finish, rollout.tool_calls_run, rollout.tool_errors, rollout.generated_tokens,
+            messages + rollout.messages, {"verify_timed_out": rollout.verify_timed_out},
             prompt=item["problem"], response=rollout.text, turns=1 + rollout.tool_calls_run, state=rollout,
             eval_metrics={"tool_use_rate": float(rollout.tool_calls_run > 0), "format_violation_rate": scored.signals["format_violation"]},
         )
@@ -304,7 +303,7 @@ class InlineMathEnv(RolloutEnv):
         n = len(details)
         return {
             # The inline reference's name for it (there it could exceed 1; here it is a fraction).
-            "train/percent_correct": sum(d["correct"] for d in details) / n,
+            "train/percent_correct": sum(d["passed"] for d in details) / n,
             "tool_use_rate": sum(d["tool_calls"] > 0 for d in details) / n,
             "tool_calls/mean": sum(d["tool_calls"] for d in details) / n,
             "truncated_rate": sum(d["finish"] in ("max_new_tokens", "context") for d in details) / n,

@@ -111,7 +111,8 @@ class OPDCodingEnv(RolloutEnv):
     # ---- one rollout -----------------------------------------------------------------------
 
     async def rollout(self, item: dict[str, Any], temperature: float, prepared: Any) -> RolloutResult:
-        """Run the agent in a fresh sandbox, then the task's tests; the rollout passed when they pass."""
+        """Run the agent in a fresh sandbox, then the task's tests (`tests`: how they ended); whether
+        the rollout passed is the rubric's (correctness >= reward.pass_threshold)."""
         workspace = Workspace(self.cfg.sandbox, self.cfg.max_file_chars)
         try:
             workspace.write_file(coding_prompt.TEST_FILE, item["test_code"])
@@ -135,12 +136,14 @@ class OPDCodingEnv(RolloutEnv):
         scored = self.rubric.score(rewards.CodingOutcome(tests.level, rollout.turns_used, self.cfg.max_turns, tuple(rollout.tools_used)))
         # The chat as the template saw it (assistant turns as sampled text): enough to rebuild
         # every judge prompt and teacher context from the file alone.
-        return RolloutResult(
-            rollout.sequence, scored, tests.level == "pass", rollout.finish, len(rollout.tools_used), rollout.tool_errors, rollout.generated_tokens,
+        result = RolloutResult(
+            rollout.sequence, scored, rollout.finish, len(rollout.tools_used), rollout.tool_errors, rollout.generated_tokens,
             rollout.messages, {"tests": tests.level, "turns": rollout.turns_used, "tools_used": rollout.tools_used},
             prompt=item["task"], response="\n\n".join(f"[{m['role']}] {m['content']}" for m in rollout.messages[2:]), turns=rollout.turns_used,
-            eval_metrics={"turns_mean": float(rollout.turns_used), "pass_rate": float(self.rubric.passed(scored.signals))}, state=rollout,
+            eval_metrics={"turns_mean": float(rollout.turns_used)}, state=rollout,
         )
+        result.eval_metrics["pass_rate"] = float(self.passed(result))  # the reference's eval/pass_rate: the one verdict
+        return result
 
     # ---- groups ----------------------------------------------------------------------------
 
@@ -172,8 +175,8 @@ class OPDCodingEnv(RolloutEnv):
         details = group["overrides"]
         n = len(details)
         metrics = {
-            # The reference's pass rate: rollouts whose correctness signal reaches reward.pass_threshold.
-            "train/pass_rate": sum(self.rubric.passed(d["reward_signals"]) for d in details) / n,
+            # The reference's pass rate: rollouts that passed (correctness >= reward.pass_threshold), as recorded.
+            "train/pass_rate": sum(bool(d["passed"]) for d in details) / n,
             "turns/mean": sum(d["turns"] for d in details) / n,
             "tool_use_rate": sum(bool(d["tools_used"]) for d in details) / n,
         }

@@ -76,7 +76,7 @@ class EchoEnv(RolloutEnv):
         sequence.add_generated(gen.token_ids, gen.logprobs)
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         scored = self.rubric.score(EchoOutcome(text, item["word"]))
-        return RolloutResult(sequence, scored, self.rubric.passed(scored.signals), gen.finish_reason, prompt=item["word"], response=text)
+        return RolloutResult(sequence, scored, gen.finish_reason, prompt=item["word"], response=text)
 
 
 SPEC = EnvSpec("echo", "third_env.echo:EchoEnv", load_data, env_schema=EchoEnvConfig, reward_schema=EchoRewardConfig)
