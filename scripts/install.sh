@@ -14,7 +14,7 @@ case "$inference" in
   cpu | gpu) lock="locks/$inference.txt" ;;
   *) echo "OPD_INFERENCE must be cpu or gpu, not '$inference'" >&2; exit 2 ;;
 esac
-# Debian packages: bubblewrap is the jail of model-written code (opd/tools/sandbox.py); chromium
+# Debian packages: bubblewrap is the jail of model-written code (opd/jail/sandbox.py); chromium
 # renders the records viewer in its tests (tests/test_viewer.py); slurmctld, slurmd and munge run
 # the single-node Slurm cluster of tests/test_slurm.py (hydra/launcher=slurm). Installed with apt as root.
 need_apt() {  # need_apt COMMAND PACKAGE ADVICE: install PACKAGE unless COMMAND is already there

@@ -75,10 +75,10 @@ def _join_xdist_group(item: pytest.Item) -> None:
 
 @pytest.fixture
 def own_leases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, int]:
-    """Uid leases (opd.tools.uids) in a directory of the test's own, and a uid range no other test
+    """Uid leases (opd.jail.uids) in a directory of the test's own, and a uid range no other test
     leases from (this process's, below 2**31: bwrap cannot map a uid above), so that what the test
     finds in either is its own doing: (the directory, the range's base)."""
-    from opd.tools import uids
+    from opd.jail import uids
 
     directory = tmp_path / "leases"
     directory.mkdir(mode=0o700)

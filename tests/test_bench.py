@@ -100,7 +100,7 @@ def test_slow_responses_time_out_per_request_and_the_run_ends_instead_of_hanging
 def test_compare_alternates_the_checkouts_and_reports_the_ratio_per_point(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """Each point is run by both checkouts in turn (this, other, other, this: drifting load falls
     on both), and the ratio pairs runs that were next to each other."""
-    from experiments.bench import compare
+    from experiments.bench import side_by_side
 
     calls: list[tuple[str, float, int]] = []
     speed = {str(ROOT): [100.0, 90.0, 120.0], str(tmp_path): [50.0, 60.0, 40.0]}
@@ -110,8 +110,8 @@ def test_compare_alternates_the_checkouts_and_reports_the_ratio_per_point(monkey
         rate = speed[str(checkout)][sum(c[0] == str(checkout) and c[1:] == (latency_s, in_flight) for c in calls) - 1]
         return {"rollouts_per_s": rate, "fraction_of_ideal": rate / 200, "fraction_of_bare_client": rate / 180, "latency_ms": {"request": 100.0, "total": 1000 / rate}}
 
-    monkeypatch.setattr(compare, "overhead_run", fake_run)
-    results = list(compare.bench_compare(3, tmp_path, latencies=(0.1,), limits=(1, 8)))
+    monkeypatch.setattr(side_by_side, "overhead_run", fake_run)
+    results = list(side_by_side.bench_compare(3, tmp_path, latencies=(0.1,), limits=(1, 8)))
     assert [(r["latency_s"], r["in_flight"]) for r in results] == [(0.1, 1), (0.1, 8)]
     this, other = str(ROOT), str(tmp_path)
     assert [c[0] for c in calls[:6]] == [this, other, other, this, this, other]

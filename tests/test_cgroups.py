@@ -1,5 +1,5 @@
 """A sandboxed call's memory and process limits hold for the whole call, not per process
-(opd/tools/cgroups.py): a call that forks cannot multiply its memory, and a call without a
+(opd/jail/cgroups.py): a call that forks cannot multiply its memory, and a call without a
 leased uid still has a process limit."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import sandbox_limits
-from opd.tools import cgroups
-from opd.tools.call_dirs import launcher_dirs
-from opd.tools.sandbox import run_command, run_python
+from opd.jail import cgroups
+from opd.jail.call_dirs import launcher_dirs
+from opd.jail.sandbox import run_command, run_python
 
 pytestmark = pytest.mark.skipif(not cgroups.available(), reason="needs root and the cgroup v1 memory and pids controllers")
 

@@ -256,7 +256,7 @@ def test_inline_math_runs_calls_in_each_format(families, family: str) -> None:
     env = env_for(families, family, "inline_math", [call, answer])
     group = collect(env, MATH)
     details = group["overrides"][0]
-    assert (details["tool_calls"], details["tool_errors"], details["correct"], details["finish"]) == (1, 0, True, "eos")
+    assert (details["tool_calls"], details["tool_errors"], details["passed"], details["finish"]) == (1, 0, True, "eos")
     assert details["reward_signals"]["format_violation"] == 0.0
     # The response the env inserted is the family's text, naming the called function (and the
     # call's id, for Mistral), masked; the call's ids were sampled.
@@ -271,7 +271,7 @@ def test_inline_math_runs_calls_in_each_format(families, family: str) -> None:
     # A malformed call: an error result, and the rollout goes on to its answer.
     env = env_for(families, family, "inline_math", [bad, answer])
     details = collect(env, MATH)["overrides"][0]
-    assert (details["tool_calls"], details["tool_errors"], details["correct"]) == (0, 1, True)
+    assert (details["tool_calls"], details["tool_errors"], details["passed"]) == (0, 1, True)
     # A call after the answer's </think>: the rollout ends there, a format violation.
     after = call.replace("<think>\n", "").replace("I will compute 2 + 3.\n", "Done.\n</think>\n\n\\boxed{5} ")
     if family == "deepseek_r1_distill":

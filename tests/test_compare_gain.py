@@ -252,7 +252,7 @@ def test_with_the_teachers_evaluation_each_arm_gets_its_gap_closed_and_the_steps
 
 
 def test_steps_to_a_level_are_read_between_evaluations_and_compared_with_the_grpo_arm() -> None:
-    from experiments.gap import Curve, baseline_label, speed_rows, speedups, steps_to
+    from experiments.compare.gap import Curve, baseline_label, speed_rows, speedups, steps_to
 
     fast = Curve({"eval/weight_version": [0, 10, 20]}, [0.0, 0.4, 0.6])
     slow = Curve({"eval/weight_version": [0, 10, 20]}, [0.0, 0.05, 0.2])

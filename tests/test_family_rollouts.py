@@ -151,7 +151,7 @@ def test_inline_math_rollout_is_the_templates_rendering(presets, preset: str) ->
     forged = FORGED[preset]
     group, _ = run(presets, preset, "inline_math", [inline_call(preset, "python_interpreter", {"code": printing(forged)}), inline_answer(preset)])
     detail = group["overrides"][0]
-    assert (detail["tool_calls"], detail["tool_errors"], detail["correct"], detail["finish"]) == (1, 0, True, "eos")
+    assert (detail["tool_calls"], detail["tool_errors"], detail["passed"], detail["finish"]) == (1, 0, True, "eos")
     # The tool's output, byte for byte (no space it did not print), as ordinary tokens.
     tokens, masks = group["tokens"][0], group["masks"][0]
     (_, start, end), = [p for p in segments(masks) if p[0] == "inserted"]
@@ -214,7 +214,7 @@ def test_a_think_end_inside_call_arguments_does_not_end_the_rollout(presets, pre
                inline_answer(preset)]
     group, _ = run(presets, preset, "inline_math", replies)
     detail = group["overrides"][0]
-    assert (detail["tool_calls"], detail["finish"], detail["correct"]) == (2, "eos", True)
+    assert (detail["tool_calls"], detail["finish"], detail["passed"]) == (2, "eos", True)
     assert detail["reward_signals"]["format_violation"] == 0.0
     # The </think> the model wrote after its calls still ends it: a call after it is one.
     after = [inline_call(preset, "calculator", {"expr": "2 + 3"}, "Done.\n</think>\n\n\\boxed{5}")]
@@ -244,7 +244,7 @@ def test_llama_calls_ending_with_eom_run_in_both_environments(presets, env_name:
     if env_name == "inline_math":
         group, _ = run(presets, "llama3", env_name, [inline_call("llama3", "calculator", {"expr": "2 + 3"}), inline_answer("llama3")])
         detail = group["overrides"][0]
-        assert (detail["tool_calls"], detail["tool_errors"], detail["correct"], detail["finish"]) == (1, 0, True, "eos")
+        assert (detail["tool_calls"], detail["tool_errors"], detail["passed"], detail["finish"]) == (1, 0, True, "eos")
     else:
         replies = [json_call("llama3", "write_file", {"path": "solution.py", "content": "def add_3(x):\n    return x + 3\n"}), "Done."]
         detail = run(presets, "llama3", env_name, replies)[0]["overrides"][0]

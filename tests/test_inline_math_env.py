@@ -68,6 +68,8 @@ def test_tool_response_is_inserted_masked_and_generation_continues(make_env, tok
     assert group["overrides"][0]["reward_signals"] == {"correct": 1.0, "incorrect": 0.0, "tool_use": 1.0, "format_violation": 0.0}
     # What the viewer shows, as the env says it: its name, and the rollout passed with one tool call.
     assert group["group_overrides"]["env"] == "inline_math" and group["overrides"][0]["passed"] is True and group["overrides"][0]["tool_calls"] == 1
+    # Whether it passed is recorded once (`passed`, the rubric's), and the env's own metric reads it.
+    assert "correct" not in group["overrides"][0] and env.group_metrics(group)["train/percent_correct"] == 1.0
 
 
 def test_malformed_call_gets_an_error_result_and_the_rollout_goes_on(make_env, tokenizer) -> None:

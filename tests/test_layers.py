@@ -15,9 +15,11 @@ from conftest import ROOT
 
 # Lowest first. A module's layer is that of the longest prefix listed here.
 LAYERS = [
-    ["opd.config", "opd.cli", "opd.event_loop", "opd.latency", "opd.run_files"],
+    # opd.registry: named plug-ins, every registry (environments, sinks, loss terms, reward signals, record rules).
+    ["opd.config", "opd.cli", "opd.event_loop", "opd.latency", "opd.run_files", "opd.registry"],
     ["opd.records", "opd.tracking.traces", "opd.tracking.store", "opd.tracking.ui"],
     ["opd.serving", "opd.data", "opd.train"],
+    ["opd.jail"],
     # Records as a dataset: the rows carry the trainer's group-normalised advantage (opd.train.batch).
     ["opd.records.export"],
     ["opd.tools"],

@@ -130,6 +130,21 @@ def test_own_trivial_test_file_earns_no_correctness(make_env) -> None:
     assert group["scores"][0] < 0.7
 
 
+def test_passed_is_the_rubrics_verdict_recorded_once_and_read_by_the_metrics(make_env) -> None:
+    """A rollout passed when the rubric says so (correctness >= reward.pass_threshold), not when
+    its tests say "pass": with a failed assertion credited 0.9 and the threshold 0.8 it passed. The
+    record says so once (`passed`); the group's accuracy, train/pass_rate and the evaluation read it."""
+    turns = [call("write_file", path="solution.py", content=BAD), RUN, "Done."]
+    env = make_env(turns, ["reward.correctness_levels.assertion=0.9", "env.opd.enabled=false"])
+    group = collect(env)
+    details = group["overrides"][0]
+    assert details["tests"] == "assertion" and details["reward_signals"]["correctness"] == 0.9 and details["passed"] is True
+    metrics = env.group_metrics(group)
+    assert metrics["accuracy"] == metrics["train/pass_rate"] == 1.0
+    env.script.turns = list(turns)
+    assert asyncio.run(env.eval_item(TASK, 0.0)).correct is True
+
+
 @pytest.mark.slow
 def test_solution_that_exits_early_does_not_pass(make_env) -> None:
     env = make_env([call("write_file", path="solution.py", content="import os\nos._exit(0)\n"), "Done."])

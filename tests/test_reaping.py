@@ -2,7 +2,7 @@
 accumulates: when a call returns no process of its uid is left (zombies included), and a closed
 workspace leaves no control group, mount, directory or uid lease behind. Hostile programs try to
 outlive their call: daemons in new sessions, processes that ignore signals, double forks, a
-filled process limit, a call that runs past its wall clock (opd.tools.reaping, opd.tools.jail)."""
+filled process limit, a call that runs past its wall clock (opd.jail.reaping, opd.jail.command)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ import pytest
 
 from conftest import one_fast, sandbox_limits
 from opd.event_loop import run_loop
-from opd.tools import cgroups, jail, reaping
-from opd.tools.call_dirs import launcher_dirs
-from opd.tools.jail import Jail
-from opd.tools.reaping import processes_of
+from opd.jail import cgroups, command, reaping
+from opd.jail.call_dirs import launcher_dirs
+from opd.jail.command import Jail
+from opd.jail.reaping import processes_of
 from opd.tools.workspace import Workspace
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="a uid of the call's own needs a root launcher")
 LIMITS = sandbox_limits(timeout_s=2, cpu_s=2, memory_mb=256, max_processes=16, output_chars=300)
-# `sleep 8765`: not the hostile corpus's `sleep 987`, which tests/test_hostile.py looks for machine-wide.
+# `sleep 8765`: not the hostile corpus's `sleep 987`, which tests/hostile/ looks for machine-wide.
 HOSTILE = {
     "exit_1": ("exit 1", "exit code 1"),
     "killed_by_a_signal": ("kill -SEGV $$", "exit code 139"),

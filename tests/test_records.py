@@ -130,8 +130,8 @@ def distill_group() -> dict:
 
 
 def test_every_rule_is_named_and_the_distill_group_is_valid() -> None:
-    names = [rule.name for rule in RULES]
-    assert len(names) == len(set(names)) and {rule.layer for rule in RULES} == {"group", "field", "shape", "value"}
+    names = [rule.name for rule in RULES.values()]
+    assert names == RULES.names and {rule.layer for rule in RULES.values()} == {"group", "field", "shape", "value"}
     assert check_group(distill_group()) == [] and is_valid(distill_group())
 
 
@@ -323,7 +323,7 @@ def test_each_kind_of_break_is_named_by_its_rule() -> None:
         "distill_k_is_the_same_everywhere": lambda g: g["distill_token_ids"][1].__setitem__(0, [DISTILL_PAD_ID] * 2),
         "score_is_finite": lambda g: g["scores"].__setitem__(1, math.inf),
     }
-    by_name = {rule.name: rule for rule in RULES}
+    by_name = {rule.name: rule for rule in RULES.values()}
     for name, breaks in cases.items():
         group = distill_group()
         breaks(group)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from conftest import ROOT
-from experiments.bench.same_records import ADDED, RUN_SPECIFIC, compare_groups, groups_by_item, main, summary
+from experiments.bench.same_records import ADDED, REMOVED, RUN_SPECIFIC, compare_groups, groups_by_item, main, summary
 from helpers import make_group, sequence
 
 
@@ -72,6 +72,19 @@ def test_run_specific_and_added_fields_are_reported_apart_with_their_reason(tmp_
     runs = runs[::-1]
     result = summary("inline_math", *runs, compare_groups(*runs))
     assert not result["identical"] and result["unexpected_fields"] == ["group_overrides.env", "overrides[].passed"]
+
+
+def test_a_field_removed_on_purpose_is_excused_only_where_the_other_side_has_it(tmp_path: Path) -> None:
+    """inline_math's `correct` said what `passed` says: this side no longer writes it. Its
+    absence here is excused with the reason; the field appearing here again is not."""
+    other = _group("a")
+    for rollout in other["overrides"]:
+        rollout["correct"] = rollout["passed"]  # an older run: the verdict twice
+    runs = (_write(tmp_path / "other.jsonl", [other]), _write(tmp_path / "this.jsonl", [_group("a")]))
+    result = summary("inline_math", *runs, compare_groups(*runs))
+    assert result["identical"] and result["expected"] == {"overrides[].correct": {"count": 2, "why": REMOVED["overrides[].correct"]}}
+    runs = runs[::-1]
+    assert summary("inline_math", *runs, compare_groups(*runs))["unexpected_fields"] == ["overrides[].correct"]
 
 
 def test_nan_equals_nan_and_a_group_without_an_item_id_is_refused(tmp_path: Path) -> None:

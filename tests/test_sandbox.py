@@ -1,4 +1,4 @@
-"""The jail (opd.tools.sandbox): output, limits in force, namespaces, uids, clean-up, and limits
+"""The jail (opd.jail.sandbox): output, limits in force, namespaces, uids, clean-up, and limits
 reported in words."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from conftest import sandbox_limits
-from opd.tools import call_dirs, jail
-from opd.tools import uids as uid_leases
-from opd.tools.call_dirs import CallDirs
-from opd.tools.sandbox import run_python
-from opd.tools.uids import UidLease
+from opd.jail import call_dirs, command
+from opd.jail import uids as uid_leases
+from opd.jail.call_dirs import CallDirs
+from opd.jail.sandbox import run_python
+from opd.jail.uids import UidLease
 
 FAST = sandbox_limits(timeout_s=3, cpu_s=3, memory_mb=512, output_chars=500)
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="leased uids need a root launcher")
@@ -109,15 +109,15 @@ def test_what_stopped_a_call_is_said_in_words(code: str, limits, words: str) -> 
 
 
 def test_a_missing_bwrap_is_an_error_that_names_the_fix(monkeypatch) -> None:
-    monkeypatch.setattr(jail.shutil, "which", lambda name, *a, **k: None)
-    jail._bwrap_path.cache_clear()
-    jail.check_backend.cache_clear()
+    monkeypatch.setattr(command.shutil, "which", lambda name, *a, **k: None)
+    command._bwrap_path.cache_clear()
+    command.check_backend.cache_clear()
     try:
-        with pytest.raises(jail.SandboxUnavailable, match="apt-get install bubblewrap"):
+        with pytest.raises(command.SandboxUnavailable, match="apt-get install bubblewrap"):
             run("1")
     finally:
-        jail._bwrap_path.cache_clear()
-        jail.check_backend.cache_clear()
+        command._bwrap_path.cache_clear()
+        command.check_backend.cache_clear()
 
 
 
@@ -126,7 +126,7 @@ def test_directories_of_killed_launchers_are_swept(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = "from opd.tools.call_dirs import launcher_dirs\nprint(launcher_dirs().root, flush=True)\nimport time; time.sleep(60)\n"
+    code = "from opd.jail.call_dirs import launcher_dirs\nprint(launcher_dirs().root, flush=True)\nimport time; time.sleep(60)\n"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parent, stdout=subprocess.PIPE, text=True)
     root = Path(proc.stdout.readline().strip())
     assert root.is_dir()
@@ -146,7 +146,7 @@ def test_a_zombie_counts_until_it_is_reaped_as_a_living_process_does() -> None:
     import subprocess
     import time
 
-    from opd.tools.reaping import processes_of
+    from opd.jail.reaping import processes_of
 
     sleeper, done = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["true"])
     try:
@@ -204,7 +204,7 @@ def test_uid_leases_are_machine_wide_whatever_tmpdir_says(tmp_path: Path) -> Non
 
     base = 310_000
     # Both start their search at `base`: the second must pass over the first's lease.
-    take = "import random\nrandom.randrange = lambda n: 0\nfrom opd.tools.uids import UidLease\nlease = UidLease.take({base})\n"
+    take = "import random\nrandom.randrange = lambda n: 0\nfrom opd.jail.uids import UidLease\nlease = UidLease.take({base})\n"
     holder = subprocess.Popen([sys.executable, "-c", take.format(base=base) + "print(lease.uid, flush=True)\nimport time; time.sleep(30)\n"],
                               cwd=Path(__file__).parent.parent, env={**os.environ, "TMPDIR": str(tmp_path)}, stdout=subprocess.PIPE, text=True)
     try:
@@ -231,17 +231,17 @@ def test_the_lease_directory_is_made_safely(tmp_path: Path, monkeypatch) -> None
         path.symlink_to(tmp_path / "elsewhere")
         (tmp_path / "elsewhere").mkdir()
         uid_leases._lock_dir.cache_clear()
-        with pytest.raises(jail.SandboxUnavailable, match="not a symlink"):
+        with pytest.raises(command.SandboxUnavailable, match="not a symlink"):
             uid_leases._lock_dir()
         path.unlink()
         path.mkdir(mode=0o700)
         os.chown(path, 12345, 12345)
         uid_leases._lock_dir.cache_clear()
-        with pytest.raises(jail.SandboxUnavailable, match="belongs to uid 12345"):
+        with pytest.raises(command.SandboxUnavailable, match="belongs to uid 12345"):
             uid_leases._lock_dir()
         tmp_path.chmod(0o777)  # a parent where others may rename entries is passed over
         uid_leases._lock_dir.cache_clear()
-        with pytest.raises(jail.SandboxUnavailable, match="no directory for uid leases"):
+        with pytest.raises(command.SandboxUnavailable, match="no directory for uid leases"):
             uid_leases._lock_dir()
     finally:
         tmp_path.chmod(0o700)

@@ -32,7 +32,8 @@ def recording_sink(ctx: SinkContext) -> Sink:
 
 def test_a_name_that_is_no_sink_is_a_config_error_naming_sinks() -> None:
     assert resolve("mlflow") is SINKS["mlflow"] and resolve("test_sinks:recording_sink") is recording_sink
-    with pytest.raises(ConfigError, match=r"sinks: no sink named 'mlflo' \(sinks: mlflow, atropos, trainer, evaluation, parquet; or package.module:factory\)"):
+    with pytest.raises(ConfigError, match=r"sinks: no sink named 'mlflo'; did you mean mlflow\? \(sinks: mlflow, atropos, trainer, evaluation, parquet; "
+                                          r"or package.module:factory\)"):
         resolve("mlflo")
     with pytest.raises(ConfigError, match="sinks: cannot load 'no_such_module:f': ModuleNotFoundError"):
         resolve("no_such_module:f")
@@ -45,6 +46,28 @@ def test_an_unknown_sink_fails_at_the_preflight(fixture_model: str) -> None:
 
     with pytest.raises(ConfigError, match="sinks: no sink named 'wandb'"):
         preflight(validate(compose(["sinks=[mlflow,wandb]"])), fixture_model)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["trainer=local", "sinks=[jsonl,mlflow]"], "sinks must be a list holding trainer (trainer=local trains on the groups the trainer sink hands it), "
+                                                "got ['jsonl', 'mlflow']; add it: sinks=[mlflow,trainer]"),
+    (["mode=serve", "sinks=[mlflow,trainer,evaluation]"], "sinks must be a list holding atropos (mode=serve sends the groups"),
+    (["trainer=atropos", "sinks=[mlflow]"], "sinks must be a list holding atropos (trainer=atropos takes the groups"),
+    (["eval.every=2", "sinks=[mlflow,atropos,trainer]"], "sinks must be a list holding evaluation (eval.every=2 evaluates through the evaluation sink)"),
+    (["sinks=[jsonl,mlflow]"], "sinks must be names of sinks after groups.jsonl (always written, first: leave jsonl out)"),
+])
+def test_a_run_whose_sinks_leave_out_what_it_needs_is_refused_naming_sinks(overrides: list[str], message: str) -> None:
+    """A run that needs a sink the list leaves out would run to its end without training, serving
+    or evaluating: refused when the config is validated, naming `sinks`."""
+    with pytest.raises(ConfigError) as info:
+        validate(compose(overrides))
+    assert info.value.key == "sinks" and message in str(info.value)
+
+
+def test_a_run_that_does_not_use_a_sink_may_leave_it_out() -> None:
+    for overrides in (["sinks=[mlflow]"], ["mode=evaluate", "eval.every=2", "sinks=[]"], ["trainer=local", "sinks=[trainer]"],
+                      ["mode=serve", "eval.every=1", "sinks=[atropos,evaluation]"]):
+        assert list(validate(compose(overrides)).sinks) == [s for s in overrides[-1][7:-1].split(",") if s]
 
 
 @pytest.mark.slow

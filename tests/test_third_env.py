@@ -47,7 +47,7 @@ def test_an_environment_without_a_spec_is_named_in_one_line(tmp_path: Path) -> N
     from opd.config import ConfigError, validate
     from opd.envs.registry import spec_of
 
-    with pytest.raises(ConfigError, match=r"env.name: unknown environment 'echo' \(environments: inline_math, opd_coding; or env.spec="):
+    with pytest.raises(ConfigError, match=r"env.name: no environment named 'echo' \(environments: inline_math, opd_coding; or env.spec="):
         spec_of({"name": "echo"})
     with pytest.raises(ConfigError, match="env.spec: cannot load 'third_env.nowhere:SPEC': ModuleNotFoundError"):
         spec_of({"name": "echo", "spec": "third_env.nowhere:SPEC"})
@@ -55,3 +55,36 @@ def test_an_environment_without_a_spec_is_named_in_one_line(tmp_path: Path) -> N
 
     with pytest.raises(ConfigError, match=r"env.max_tokens"):
         validate(compose([f"hydra.searchpath=[file://{THIRD / 'conf'}]", "env=echo", "env.max_tokens=abc"]))
+
+
+def test_a_third_environment_with_a_teacher_model_has_its_row_on_every_trained_token(fixture_model, tokenizer) -> None:
+    """The base environment makes the group: an env of yours that only writes `rollout` gets
+    teacher=model's rows on every sampled token, as the built-ins do (echo used to write none)."""
+    import asyncio
+
+    from conftest import compose
+    from opd.config import validate
+    from opd.data.sources import TaskSet
+    from scripted import ScriptedClient, build_env, text_generator
+    from test_teacher import TEACHER, assert_taught_everywhere, teacher_rows
+
+    item = {"id": "echo-0", "word": "apple"}
+    policy = ScriptedClient(generate=text_generator(tokenizer, [("Apple.<|im_end|>", "stop"), ("pear<|im_end|>", "stop")]))
+    teacher = ScriptedClient(score=teacher_rows)
+    cfg = validate(compose([f"hydra.searchpath=[file://{THIRD / 'conf'}]", "env=echo", "group_size=2", *TEACHER]))
+    env = build_env(cfg, TaskSet(train=[item], eval=[item], source="test"), fixture_model, policy, teacher=teacher)
+    try:
+        group, _ = asyncio.run(env.collect_trajectories(item))
+    finally:
+        asyncio.run(env.close())
+    assert check_group(group) == []
+    assert_taught_everywhere(group, teacher)
+    assert sorted(d["passed"] for d in group["overrides"]) == [False, True] and sorted(group["scores"]) == [0.0, 1.0]
+    assert env.group_metrics(group)["teacher/token_coverage"] == 1.0
+
+
+def test_an_environment_without_a_rollout_fails_where_its_class_is_defined() -> None:
+    from opd.envs.base import RolloutEnv
+
+    with pytest.raises(TypeError, match=r"Incomplete: an environment implements `async def rollout\(self, item, temperature, prepared\)"):
+        type("Incomplete", (RolloutEnv,), {"name": "incomplete"})

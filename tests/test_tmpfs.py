@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from opd.tools import tmpfs
+from opd.jail import tmpfs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not tmpfs.available(), reason="mounting a tmpfs needs a root launcher")
 

@@ -192,7 +192,7 @@ def test_a_new_loss_term_is_a_registered_function_and_a_weight(fixture_model, mo
     from opd.train import losses
     from opd.train.trainer import LocalTrainer
 
-    monkeypatch.setattr(losses, "LOSS_TERMS", dict(losses.LOSS_TERMS))
+    monkeypatch.setattr(losses, "LOSS_TERMS", losses.LOSS_TERMS.copy())
 
     @losses.loss_term("entropy_bonus")
     def entropy_bonus(x: losses.LossInputs) -> torch.Tensor:
@@ -204,7 +204,7 @@ def test_a_new_loss_term_is_a_registered_function_and_a_weight(fixture_model, mo
     w = cfg.trainer.loss
     assert metrics["trainer/loss_entropy_bonus"] < 0
     assert metrics["trainer/loss"] == pytest.approx(sum(w[name] * metrics[f"trainer/loss_{name}"] for name in w), rel=1e-6)
-    with pytest.raises(ConfigError, match="trainer.loss: no loss term named kl_penalty"):
+    with pytest.raises(ConfigError, match="trainer.loss: no loss term named 'kl_penalty'"):
         preflight(validate(compose(["trainer=local", "+trainer.loss.kl_penalty=0.1"])), fixture_model)
 
 

@@ -1,4 +1,4 @@
-"""Uid leases (opd.tools.uids) do not pile up: a released lease takes its lock file with it, also
+"""Uid leases (opd.jail.uids) do not pile up: a released lease takes its lock file with it, also
 when leases are taken and given back by many processes at once, a lease held by another process
 is never taken, and a dead holder's lease is taken again (and its file then removed)."""
 
@@ -14,8 +14,8 @@ import pytest
 
 from conftest import ROOT, sandbox_limits
 from opd.event_loop import run_loop
-from opd.tools import uids as uid_leases
-from opd.tools.uids import UidLease
+from opd.jail import uids as uid_leases
+from opd.jail.uids import UidLease
 from opd.tools.workspace import Workspace
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="uid leases need a root launcher")
@@ -26,8 +26,8 @@ def _in_a_process(directory: Path, code: str) -> str:
     return textwrap.dedent(f"""
         import os, random, sys, time
         from pathlib import Path
-        from opd.tools import uids
-        from opd.tools.uids import UidLease
+        from opd.jail import uids
+        from opd.jail.uids import UidLease
         uids._lock_dir = lambda: Path({str(directory)!r})
     """) + textwrap.dedent(code)
 

@@ -397,3 +397,32 @@ def test_opd_controls_show_only_where_a_group_has_opd_data(records, tokenizer, t
         math = open_rollout(browser, 1)
         assert "hinted/judged turns" not in math["rollout_headings"] and "A = teacher" not in math["legend"], math
         assert browser.page_errors == []
+
+
+ROLLOUT_PASSED = ("(() => { const dt = [...document.querySelectorAll('#rollout dl.kv dt')].find(d => d.textContent === 'passed'); "
+                  "return dt ? dt.nextElementSibling.textContent : null; })()")
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_the_rollout_pane_says_passed_as_the_record_says_for_any_environment(tokenizer, tmp_path) -> None:
+    """The record's `passed` (its rubric's verdict) is what the rollout pane shows: for an
+    environment the viewer was never written for, and for opd_coding where the tests failed an
+    assertion the rubric credits enough to pass."""
+    echo = math_group(tokenizer)
+    echo["group_overrides"] = {"env": "echo", "item_id": "echo-1"}
+    for r, detail in enumerate(echo["overrides"]):
+        del detail["correct"]
+        detail["passed"] = r == 0
+    coding = coding_group(tokenizer)
+    for detail in coding["overrides"]:
+        detail["tests"], detail["passed"] = "assertion", True
+    path = tmp_path / "groups.jsonl"
+    path.write_text(json.dumps(echo) + "\n" + json.dumps(coding) + "\n")
+    with Chromium() as browser:
+        browser.goto(write_viewer(path, tokenizer, tmp_path / "groups.html").as_uri())
+        browser.wait_for("document.documentElement.dataset.indexMs")
+        for g in (0, 1):
+            open_rollout(browser, g)
+            assert browser.evaluate(ROLLOUT_PASSED) == "yes", g
+        assert browser.page_errors == []

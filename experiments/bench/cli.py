@@ -23,7 +23,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from experiments.bench.common import ROOT  # noqa: E402
-from experiments.bench.compare import bench_compare  # noqa: E402
+from experiments.bench.side_by_side import bench_compare  # noqa: E402
 from experiments.bench.e2e import bench_e2e  # noqa: E402
 from experiments.bench.loop import bench_loop  # noqa: E402
 from experiments.bench.opd_stage import bench_opd  # noqa: E402

@@ -6,7 +6,7 @@ opd/serving/scripted_server.py, so only the framework differs), same seed, same 
 `--env`, and diffs their groups.jsonl field by field. Groups are matched by
 `group_overrides.item_id` (they are written as they finish, so file order may differ), rollouts by
 position. Exits 1 on any difference not declared below (RUN_SPECIFIC: always ignored; ADDED: a field
-the other side does not have yet), 2 when it could not compare (a bad revision, a failed run), 0
+the other side does not have yet; REMOVED: a field this side no longer writes), 2 when it could not compare (a bad revision, a failed run), 0
 otherwise; one JSON line per env on stdout.
 
 Both sides run with this interpreter: the other checkout's code is imported from its own tree
@@ -38,6 +38,11 @@ RUN_SPECIFIC: dict[str, str] = {
     "group_overrides.opd_wall_s": "seconds the group's OPD stage (votes, hints, teacher scoring) took: wall-clock time",
 }
 
+# Fields a change removed on purpose: ignored where only the other (older) side has them.
+REMOVED: dict[str, str] = {
+    "overrides[].correct": "issue 37: inline_math's `correct` said what `passed` says; `passed`, the rubric's verdict, is recorded once",
+}
+
 # Fields a change added on purpose: ignored where the other (older) side lacks them, compared where both have them.
 ADDED: dict[str, str] = {
     "group_overrides.env": "96117be (issue 23): which environment wrote the group, for the viewer",
@@ -63,7 +68,7 @@ class Difference:
 
     @property
     def expected(self) -> bool:
-        return self.field in RUN_SPECIFIC or (self.kind == "added" and self.field in ADDED)
+        return self.field in RUN_SPECIFIC or (self.kind == "added" and self.field in ADDED) or (self.kind == "removed" and self.field in REMOVED)
 
 
 def differences(other: Any, this: Any, item: str, path: str = "") -> Iterator[Difference]:
@@ -122,7 +127,7 @@ def summary(env: str, other: dict[str, list[dict[str, Any]]], this: dict[str, li
     return {
         "env": env, "groups": [sum(map(len, other.values())), sum(map(len, this.values()))],
         "rollouts": sum(len(g.get("tokens") or []) for gs in this.values() for g in gs), "identical": not unexpected,
-        "expected": {field: {"count": n, "why": RUN_SPECIFIC.get(field) or ADDED[field]} for field, n in sorted(expected.items())},
+        "expected": {field: {"count": n, "why": RUN_SPECIFIC.get(field) or ADDED.get(field) or REMOVED[field]} for field, n in sorted(expected.items())},
         "unexpected_fields": sorted({d.field for d in unexpected}),
         "unexpected": [{"item": d.item, "path": d.path, "kind": d.kind, "other": repr(d.other)[:200], "this": repr(d.this)[:200]} for d in unexpected[:20]],
     }

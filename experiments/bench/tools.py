@@ -37,7 +37,7 @@ def bench_tools(repeats: int, calls: int = 40, concurrency: tuple[int, ...] = (1
     rollouts make them); the two alternate run by run (passing, failing, failing, passing, ...), so
     load that comes and goes falls on both. `fail_over_pass` is the ratio of their medians."""
     from opd.event_loop import run_loop
-    from opd.tools.sandbox import run_python
+    from opd.jail.sandbox import run_python
     from opd.tools.workspace import Workspace
 
     limits = compose(["env=opd_coding"], overrides).env.sandbox

@@ -1,12 +1,16 @@
 """What every environment shares: the skeleton of a run around each environment's algorithm, over
 our server pool, with atroposlib's `ScoredDataGroup` as the group it makes.
 
-The base holds the constructor, the item order (a seeded shuffle of the train split, epoch after
-epoch), one trace root per rollout, the group record, the per-group metrics every env has, and
-the evaluation scaffold. A subclass implements:
-- `make_group(item, roots)`: `group_size` rollouts of one item, scored, as a `ScoredDataGroup`;
-- `eval_item(item, temperature)`: one rollout of a held-out item, as an `ItemResult`;
-- `env_metrics(group)`: its own per-group metrics.
+The base owns the group: the item order (a seeded shuffle of the train split, epoch after epoch),
+`group_size` rollouts of an item at once (one trace root and latency ledger each), teacher=model's
+rows on every rollout whenever the run has a teacher model, the group record, the per-group
+metrics every env has, and the evaluation (one rollout per held-out item). A subclass implements
+one method, `rollout(item, temperature, prepared)`: one scored rollout as a `RolloutResult`
+(failing at class definition without it), and may add:
+- `prepare(item, training)`: what every rollout of a group shares (inline_math: its prompt);
+- `finish_group(group, item, results, roots, rows)`: its own stage on the whole group (opd_coding:
+  the judge's hints; inline_math: the dynamic few-shot pool);
+- `env_metrics(group)`: its own per-group metrics; `item_fields`: item keys the record keeps.
 It passes its tool schemas up, for the start-up check of the model's chat format and for the
 turn parser (`self.parser`), which loads on a thread while the first requests go out.
 The runner (`opd.runner`) drives it, not atroposlib's `process_manager` (which has no error
@@ -30,9 +34,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from opd import latency
 from opd.agent.chat_format import BackgroundParser, ChatFormat, TurnParser, check
+from opd.config import EnvConfig
 from opd.data.sources import TaskSet
 from opd.distill.teacher import TeacherRows
 from opd.distill.teacher_model import TeacherModel, sequence_fields, teacher_metrics
+from opd.records import MASK, Sequence
 from opd.serving.pool import RequestCounts, ServerPool
 from opd.serving.tokenizer import load_tokenizer
 from opd.serving.vllm_client import Generation
@@ -41,7 +47,7 @@ from opd.tracking.traces import Tracer
 
 if TYPE_CHECKING:
     from atroposlib.envs.base import ScoredDataGroup
-    from opd.rewards.rubric import Rubric
+    from opd.rewards.rubric import Rubric, Scored
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +82,42 @@ class ItemResult:
 
 
 @dataclass
+class RolloutResult:
+    """One finished, scored rollout as an env's `rollout` returns it; the base makes the group's
+    record (`overrides[i]`, the viewer's fields) and an evaluation's `ItemResult` from it."""
+
+    # Its aligned token record (prompt masked, sampled ids with their logprobs, inserted text masked).
+    sequence: Sequence
+    # The rubric's score: the total is the rollout's score, the signals are recorded. Whether the
+    # rollout passed is the rubric's pass rule on these signals, decided once by the base (`passed`).
+    scored: Scored
+    # How it ended (eos, length, context, ...).
+    finish: str
+    # Calls that reached a tool, and calls whose result is an error.
+    tool_calls: int = 0
+    tool_errors: int = 0
+    # Sampled tokens (None: the sequence's unmasked ones).
+    generated_tokens: int | None = None
+    # The conversation as the chat template takes it (the record's `messages`; None: not recorded).
+    messages: list[dict[str, Any]] | None = None
+    # The env's own per-rollout fields of the record.
+    fields: dict[str, Any] = field(default_factory=dict)
+    # What an evaluation shows and averages (`ItemResult`).
+    prompt: str = ""
+    response: str = ""
+    turns: int = 1
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    # The env's own record of the rollout, for its `finish_group` (not written).
+    state: Any = None
+
+    def detail(self, passed: bool) -> dict[str, Any]:
+        """Its `overrides[i]` in the group record, with whether it `passed` (the rubric's verdict)."""
+        generated = self.generated_tokens if self.generated_tokens is not None else sum(m != MASK for m in self.sequence.masks)
+        return {"reward_signals": self.scored.signals, "passed": passed, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
+                "finish": self.finish, "generated_tokens": generated, **self.fields}
+
+
+@dataclass
 class EvalReport:
     """One evaluation: `eval/*` metrics, one row per item, and the greedy rollouts as a table."""
 
@@ -89,11 +131,21 @@ class RolloutEnv:
 
     # reward config -> the rubric that owns the whole score (signals, weights, penalty, clamp, pass rule).
     build_rubric: Callable[[Any], Rubric[Any]]
+    # Keys of an item the group record keeps in `group_overrides` (inline_math: its answer).
+    item_fields: tuple[str, ...] = ()
 
-    def __init__(self, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
-                 seed: int, tracer: Tracer, temperature: float, sampling: dict[str, Any], eval_temperature: float, chat_format: ChatFormat,
-                 tools: list[dict[str, Any]], drop_equal_scores: bool = False, tokenizer: Any = None,
-                 served_weights: ServedWeights | None = None, teacher: TeacherModel | None = None) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.rollout is RolloutEnv.rollout:
+            raise TypeError(f"{cls.__name__}: an environment implements `async def rollout(self, item, temperature, prepared) -> RolloutResult`")
+
+    def __init__(self, cfg: EnvConfig, reward: Any, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
+                 seed: int, tracer: Tracer, chat_format: ChatFormat, tools: list[dict[str, Any]], drop_equal_scores: bool = False,
+                 tokenizer: Any = None, served_weights: ServedWeights | None = None, teacher: TeacherModel | None = None,
+                 record_params: dict[str, Any] | None = None) -> None:
+        # env.* (an opd.config.EnvConfig) and the rubric of reward.*, which owns the whole score.
+        self.cfg = cfg
+        self.rubric = self.build_rubric(reward)
         # Requests go through our pool (slots, retries). `tokenizer`: one already loaded (atroposlib's).
         self.server = pool
         # teacher=model: scores every sampled token of every rollout over its own pool (None: no teacher model).
@@ -104,8 +156,10 @@ class RolloutEnv:
         self.max_model_len = max_model_len
         self.tracer = tracer
         # `sampling`: top_p / top_k / min_p sent with every generation (absent ones: the model's defaults).
-        self.temperature, self.sampling, self.eval_temperature = temperature, dict(sampling), eval_temperature
+        self.temperature, self.sampling, self.eval_temperature = cfg.temperature, dict(cfg.sampling), cfg.eval_temperature
         self.drop_equal_scores = drop_equal_scores
+        # The env's budgets every group records in `generation_params` (e.g. max_new_tokens).
+        self.record_params = dict(record_params or {})
         self.rng = random.Random(seed)
         # The model's format; the start-up check stops here, naming what is missing, when the
         # tokenizer or the chat template cannot carry it.
@@ -199,7 +253,44 @@ class RolloutEnv:
         return group, []
 
     async def make_group(self, item: dict[str, Any], roots: list[Any]) -> ScoredDataGroup:
+        """One rollout per trace root, all at once; each taught by teacher=model (when the run has
+        one) as soon as it ends, in the teacher's own slots; then the record and the env's stage."""
+        prepared = self.prepare(item, training=True)
+
+        async def one(root: Any) -> tuple[RolloutResult, TeacherRows | None]:
+            with self.tracer.attach(root), latency.rollout():
+                result = await self.rollout(item, self.temperature, prepared)
+                return result, await self.teach(result.sequence)
+
+        done = await asyncio.gather(*(one(root) for root in roots))
+        results = [result for result, _ in done]
+        rows = [r for _, r in done if r is not None] if self.teacher is not None else None
+        messages = [r.messages or [] for r in results] if any(r.messages is not None for r in results) else None
+        group = self.group_record(item, [r.sequence for r in results], [r.scored.total for r in results], [r.detail(self.passed(r)) for r in results],
+                                  self.record_params, messages, {key: item[key] for key in self.item_fields})
+        if rows is not None:
+            self.add_teacher_rows(group, rows)
+        await self.finish_group(group, item, results, roots, rows)
+        return group
+
+    def passed(self, result: RolloutResult) -> bool:
+        """Whether a rollout solved its task: its rubric's pass rule on its signals, the one
+        verdict the record (`overrides[i].passed`), the metrics (`accuracy`, an evaluation's
+        `correct`) and the viewer read."""
+        return self.rubric.passed(result.scored.signals)
+
+    def prepare(self, item: dict[str, Any], training: bool) -> Any:
+        """What every rollout of `item` shares (given to `rollout` as `prepared`): once per group
+        (`training`), once per evaluated rollout; None unless an env needs it."""
+        return None
+
+    async def rollout(self, item: dict[str, Any], temperature: float, prepared: Any) -> RolloutResult:
+        """One rollout of `item` at `temperature`, scored (every environment's own)."""
         raise NotImplementedError
+
+    async def finish_group(self, group: ScoredDataGroup, item: dict[str, Any], results: list[RolloutResult], roots: list[Any],
+                           rows: list[TeacherRows] | None) -> None:
+        """The env's own stage on a recorded group (`rows`: teacher=model's, None without one)."""
 
     def drop_reason(self, group: dict[str, Any]) -> str | None:
         """Why the runner should not write `group` (None: write it): with `drop_equal_scores`, a
@@ -255,6 +346,7 @@ class RolloutEnv:
             "tool_errors/mean": sum(d["tool_errors"] for d in details) / n,
             "tokens/generated_mean": sum(d["generated_tokens"] for d in details) / n,
             "tokens/sequence_mean": sum(len(t) for t in group["tokens"]) / n,
+            "accuracy": sum(bool(d["passed"]) for d in details) / n,
         }
         for name in details[0]["reward_signals"]:
             metrics[f"reward/{name}"] = sum(d["reward_signals"][name] for d in details) / n
@@ -299,7 +391,9 @@ class RolloutEnv:
         return report
 
     async def eval_item(self, item: dict[str, Any], temperature: float) -> ItemResult:
-        raise NotImplementedError
+        """One rollout of a held-out item (no teacher, no env stage)."""
+        r = await self.rollout(item, temperature, self.prepare(item, training=False))
+        return ItemResult(self.passed(r), r.scored.total, dict(r.eval_metrics), prompt=r.prompt, response=r.response, turns=r.turns)
 
     async def close(self) -> None:
         await self.server.close()

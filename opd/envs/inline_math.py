@@ -33,9 +33,8 @@ from opd.agent.chat_tokens import holds_added_token, mistral_call_id, special_id
 from opd.agent.context import fit_result, room_for_insert
 from opd.agent.tool_calls import ToolCall, ToolCallError, run_parsed_call
 from opd.config import InlineMathEnvConfig, InlineMathRewardConfig
-from opd.distill.teacher import TeacherRows
 from opd.envs import math_prompt
-from opd.envs.base import ItemResult, RolloutEnv
+from opd.envs.base import RolloutEnv, RolloutResult
 from opd.records import Sequence
 from opd.rewards import math as rewards
 from opd.rewards.rubric import Scored
@@ -78,12 +77,12 @@ class InlineMathEnv(RolloutEnv):
     name = "inline_math"
     # The whole score from reward=<env> (checked before any server starts: opd.build.preflight).
     build_rubric = staticmethod(rewards.rubric)
+    # The record keeps the problem's answer (the viewer shows it).
+    item_fields = ("answer",)
 
     def __init__(self, cfg: InlineMathEnvConfig, reward: InlineMathRewardConfig, **common: Any) -> None:
-        super().__init__(temperature=cfg.temperature, sampling=cfg.sampling, eval_temperature=cfg.eval_temperature, tools=math_prompt.TOOLS, **common)
-        self.cfg = cfg
+        super().__init__(cfg, reward, tools=math_prompt.TOOLS, record_params={"max_new_tokens": cfg.max_new_tokens}, **common)
         self.reward_cfg = reward
-        self.rubric = self.build_rubric(reward)
         self.verifier = Verifier(reward.verify_workers, reward.verify_timeout_s)
         self._verifier_start: asyncio.Task[None] | None = None
         self.toolbox = Toolbox(math_tools.TOOLS, math_tools.MathTools(CalculatorLimits(max_chars=cfg.calculator_max_chars), cfg.sandbox))
@@ -131,7 +130,28 @@ class InlineMathEnv(RolloutEnv):
 
     # ---- one rollout -----------------------------------------------------------------------
 
-    async def rollout(self, prompt_ids: list[int], temperature: float) -> Rollout:
+    def prepare(self, item: dict[str, Any], training: bool) -> tuple[list[dict[str, str]], list[int]]:
+        """The prompt every rollout of a group shares (its messages and ids): with the dynamic
+        few-shots in training, without them in evaluation."""
+        with latency.phase("prompt"):
+            messages = self.prompt_messages(item["problem"], use_pool=training)
+            return messages, self.render_prompt(messages)
+
+    async def rollout(self, item: dict[str, Any], temperature: float, prepared: tuple[list[dict[str, str]], list[int]]) -> RolloutResult:
+        """One assistant turn from the prepared prompt, scored as soon as it ends: a verifier round
+        trip overlaps the other rollouts' generation."""
+        messages, prompt = prepared
+        rollout = await self.turn(prompt, temperature)
+        with latency.phase("reward"):
+            scored = await self.score(rollout, item["answer"])
+        return RolloutResult(
+            rollout.sequence, scored, rollout.finish, rollout.tool_calls_run, rollout.tool_errors, rollout.generated_tokens,
+            messages + rollout.messages, {"verify_timed_out": rollout.verify_timed_out},
+            prompt=item["problem"], response=rollout.text, turns=1 + rollout.tool_calls_run, state=rollout,
+            eval_metrics={"tool_use_rate": float(rollout.tool_calls_run > 0), "format_violation_rate": scored.signals["format_violation"]},
+        )
+
+    async def turn(self, prompt_ids: list[int], temperature: float) -> Rollout:
         """Generate one assistant turn with inline tool calls (see module docstring)."""
         rollout = Rollout(Sequence.from_prompt(prompt_ids))
         end = self.chat_format.call_end
@@ -257,43 +277,8 @@ class InlineMathEnv(RolloutEnv):
 
     # ---- groups ----------------------------------------------------------------------------
 
-    async def make_group(self, item: dict[str, Any], roots: list[Any]) -> ScoredDataGroup:
-        """`group_size` rollouts of one problem, scored."""
-        with latency.phase("prompt"):
-            prompt_messages = self.prompt_messages(item["problem"], use_pool=True)
-            prompt = self.render_prompt(prompt_messages)
-
-        async def traced(root: Any) -> tuple[Rollout, Scored, TeacherRows | None]:
-            with self.tracer.attach(root), latency.rollout():
-                rollout = await self.rollout(prompt, self.temperature)
-                # Scored as soon as it ends: a verifier round trip (and the teacher's scoring, in
-                # its own slots) overlaps the others' generation.
-                with latency.phase("reward"):
-                    scored = await self.score(rollout, item["answer"])
-                return rollout, scored, await self.teach(rollout.sequence)
-
-        results = await asyncio.gather(*(traced(root) for root in roots))
-        rollouts, scored = [r for r, _, _ in results], [s for _, s, _ in results]
-        self._grow_pool(item["problem"], rollouts, scored)
-        details = [
-            {
-                "reward_signals": s.signals,
-                "correct": bool(s.signals["correct"]),
-                "passed": bool(s.signals["correct"]),
-                "tool_calls": r.tool_calls_run,
-                "tool_errors": r.tool_errors,
-                "finish": r.finish,
-                "generated_tokens": r.generated_tokens,
-                "verify_timed_out": r.verify_timed_out,
-            }
-            for r, s in zip(rollouts, scored)
-        ]
-        group = self.group_record(item, [r.sequence for r in rollouts], [s.total for s in scored], details,
-                                  {"max_new_tokens": self.cfg.max_new_tokens}, [prompt_messages + r.messages for r in rollouts],
-                                  group_overrides={"answer": item["answer"]})
-        if self.teacher is not None:
-            self.add_teacher_rows(group, [rows for _, _, rows in results if rows is not None])
-        return group
+    async def finish_group(self, group: ScoredDataGroup, item: dict[str, Any], results: list[RolloutResult], roots: list[Any], rows: Any) -> None:
+        self._grow_pool(item["problem"], [r.state for r in results], [r.scored for r in results])
 
     def _grow_pool(self, problem: str, rollouts: list[Rollout], scored: list[Scored]) -> None:
         """Keep one correct, well-formed rollout that used a tool as a future few-shot example."""
@@ -317,26 +302,14 @@ class InlineMathEnv(RolloutEnv):
         details = group["overrides"]
         n = len(details)
         return {
-            "accuracy": sum(d["correct"] for d in details) / n,
             # The inline reference's name for it (there it could exceed 1; here it is a fraction).
-            "train/percent_correct": sum(d["correct"] for d in details) / n,
+            "train/percent_correct": sum(d["passed"] for d in details) / n,
             "tool_use_rate": sum(d["tool_calls"] > 0 for d in details) / n,
             "tool_calls/mean": sum(d["tool_calls"] for d in details) / n,
             "truncated_rate": sum(d["finish"] in ("max_new_tokens", "context") for d in details) / n,
             "dynamic_pool/size": float(len(self.dynamic_pool)),
             "math_verify/timeouts": float(sum(d.get("verify_timed_out", False) for d in details)),
         }
-
-    # ---- evaluation ------------------------------------------------------------------------
-
-    async def eval_item(self, item: dict[str, Any], temperature: float) -> ItemResult:
-        """The training protocol (tools, few-shots) without the dynamic pool."""
-        rollout = await self.rollout(self.prompt_ids(item["problem"], use_pool=False), temperature)
-        scored = await self.score(rollout, item["answer"])
-        return ItemResult(bool(scored.signals["correct"]), scored.total, {
-            "tool_use_rate": float(rollout.tool_calls_run > 0),
-            "format_violation_rate": scored.signals["format_violation"],
-        }, prompt=item["problem"], response=rollout.text, turns=1 + rollout.tool_calls_run)
 
     async def close(self) -> None:
         await super().close()

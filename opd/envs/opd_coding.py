@@ -22,10 +22,9 @@ from opd.distill.judge_tokens import judge_defuser
 from opd.distill.pipeline import FailureLog, apply_opd
 from opd.distill.teacher import TeacherRows
 from opd.envs import coding_prompt
-from opd.envs.base import ItemResult, RolloutEnv
+from opd.envs.base import RolloutEnv, RolloutResult
 from opd.records import MASK
 from opd.rewards import coding as rewards
-from opd.rewards.rubric import Scored
 from opd.serving.pool import ServerPool
 from opd.serving.vllm_client import ChatReply, PromptScores, ServerRequestError
 from opd.tools import workspace as workspace_tools
@@ -44,9 +43,8 @@ class OPDCodingEnv(RolloutEnv):
     build_rubric = staticmethod(rewards.rubric)
 
     def __init__(self, cfg: OPDCodingEnvConfig, reward: OPDCodingRewardConfig, judge: JudgeConfig, judge_pool: ServerPool | None = None, **common: Any) -> None:
-        super().__init__(temperature=cfg.temperature, sampling=cfg.sampling, eval_temperature=cfg.eval_temperature, tools=coding_prompt.TOOLS, **common)
-        self.cfg, self.reward_cfg, self.judge_cfg = cfg, reward, judge
-        self.rubric = self.build_rubric(reward)
+        super().__init__(cfg, reward, tools=coding_prompt.TOOLS, record_params={"max_tokens_per_turn": cfg.max_tokens_per_turn}, **common)
+        self.reward_cfg, self.judge_cfg = reward, judge
         self.system_prompt = cfg.system_prompt or coding_prompt.SYSTEM_PROMPT
         self.judge_pool = judge_pool or self.server
         # The server tokenizes the judge's prompt itself: what it quotes is defused for the judge's
@@ -112,14 +110,15 @@ class OPDCodingEnv(RolloutEnv):
 
     # ---- one rollout -----------------------------------------------------------------------
 
-    async def rollout(self, task: dict[str, str], temperature: float) -> tuple[AgentRollout, Scored, str]:
-        """Run the agent in a fresh sandbox, then the task's tests; (rollout, reward, test outcome)."""
+    async def rollout(self, item: dict[str, Any], temperature: float, prepared: Any) -> RolloutResult:
+        """Run the agent in a fresh sandbox, then the task's tests (`tests`: how they ended); whether
+        the rollout passed is the rubric's (correctness >= reward.pass_threshold)."""
         workspace = Workspace(self.cfg.sandbox, self.cfg.max_file_chars)
         try:
-            workspace.write_file(coding_prompt.TEST_FILE, task["test_code"])
+            workspace.write_file(coding_prompt.TEST_FILE, item["test_code"])
             rollout = await run_agent(
                 tokenizer=self.tokenizer,
-                messages=coding_prompt.initial_messages(task["task"], self.system_prompt, task["test_code"] if self.cfg.show_tests else None),
+                messages=coding_prompt.initial_messages(item["task"], self.system_prompt, item["test_code"] if self.cfg.show_tests else None),
                 toolbox=Toolbox(workspace_tools.TOOLS, workspace),
                 generate=self.generate,
                 limits=self.limits,
@@ -129,51 +128,31 @@ class OPDCodingEnv(RolloutEnv):
                 parser=self.parser,
             )
             with self.tracer.span("task tests", "TOOL") as span, latency.phase("reward"):
-                tests = await rewards.run_task_tests(workspace, task["test_code"], replace(self.cfg.sandbox, timeout_s=self.reward_cfg.tests_timeout_s),
+                tests = await rewards.run_task_tests(workspace, item["test_code"], replace(self.cfg.sandbox, timeout_s=self.reward_cfg.tests_timeout_s),
                                                      self.reward_cfg.max_solution_chars)
                 span.outputs(tests.level)
         finally:
             await workspace.close()
-        outcome = rewards.CodingOutcome(tests.level, rollout.turns_used, self.cfg.max_turns, tuple(rollout.tools_used))
-        return rollout, self.rubric.score(outcome), tests.level
+        scored = self.rubric.score(rewards.CodingOutcome(tests.level, rollout.turns_used, self.cfg.max_turns, tuple(rollout.tools_used)))
+        # The chat as the template saw it (assistant turns as sampled text): enough to rebuild
+        # every judge prompt and teacher context from the file alone.
+        result = RolloutResult(
+            rollout.sequence, scored, rollout.finish, len(rollout.tools_used), rollout.tool_errors, rollout.generated_tokens,
+            rollout.messages, {"tests": tests.level, "turns": rollout.turns_used, "tools_used": rollout.tools_used},
+            prompt=item["task"], response="\n\n".join(f"[{m['role']}] {m['content']}" for m in rollout.messages[2:]), turns=rollout.turns_used,
+            eval_metrics={"turns_mean": float(rollout.turns_used)}, state=rollout,
+        )
+        result.eval_metrics["pass_rate"] = float(self.passed(result))  # the reference's eval/pass_rate: the one verdict
+        return result
 
     # ---- groups ----------------------------------------------------------------------------
 
-    async def make_group(self, item: dict[str, Any], roots: list[Any]) -> ScoredDataGroup:
-        async def traced(root: Any) -> tuple[tuple[AgentRollout, Scored, str], TeacherRows | None]:
-            with self.tracer.attach(root), latency.rollout():
-                done = await self.rollout(item, self.temperature)
-                # teacher=model scores it as soon as it ends, in the teacher's own slots.
-                return done, await self.teach(done[0].sequence)
-
-        taught = await asyncio.gather(*(traced(root) for root in roots))
-        results = [done for done, _ in taught]
-        base = [rows for _, rows in taught if rows is not None] if self.teacher is not None else None
-        rollouts = [r for r, _, _ in results]
-        details = [
-            {
-                "reward_signals": scored.signals,
-                "tests": tests,
-                "passed": tests == "pass",
-                "tool_calls": len(rollout.tools_used),
-                "turns": rollout.turns_used,
-                "tools_used": rollout.tools_used,
-                "tool_errors": rollout.tool_errors,
-                "finish": rollout.finish,
-                "generated_tokens": rollout.generated_tokens,
-            }
-            for rollout, scored, tests in results
-        ]
-        # The chat as the template saw it (assistant turns as sampled text): enough to rebuild
-        # every judge prompt and teacher context from the file alone.
-        group = self.group_record(item, [r.sequence for r in rollouts], [s.total for _, s, _ in results], details,
-                                  {"max_tokens_per_turn": self.cfg.max_tokens_per_turn}, messages=[r.messages for r in rollouts])
-        if base is not None:
-            self.add_teacher_rows(group, base)
+    async def finish_group(self, group: ScoredDataGroup, item: dict[str, Any], results: list[RolloutResult], roots: list[Any],
+                           rows: list[TeacherRows] | None) -> None:
+        """With env.opd.enabled, the judge's hints and the teacher's rows on hinted turns."""
         if self.cfg.opd.enabled:
             with latency.phase("opd"):
-                await self._distill(group, rollouts, roots, base)
-        return group
+                await self._distill(group, [r.state for r in results], roots, rows)
 
     async def _distill(self, group: ScoredDataGroup, rollouts: list[AgentRollout], roots: list[Any], base: list[TeacherRows] | None = None) -> None:
         """Judge the group's turn pairs, score hinted turns (by the policy given the hint, or with
@@ -196,9 +175,8 @@ class OPDCodingEnv(RolloutEnv):
         details = group["overrides"]
         n = len(details)
         metrics = {
-            "accuracy": sum(d["tests"] == "pass" for d in details) / n,
-            # The reference's pass rate: rollouts whose correctness signal reaches reward.pass_threshold.
-            "train/pass_rate": sum(self.rubric.passed(d["reward_signals"]) for d in details) / n,
+            # The reference's pass rate: rollouts that passed (correctness >= reward.pass_threshold), as recorded.
+            "train/pass_rate": sum(bool(d["passed"]) for d in details) / n,
             "turns/mean": sum(d["turns"] for d in details) / n,
             "tool_use_rate": sum(bool(d["tools_used"]) for d in details) / n,
         }
@@ -206,15 +184,6 @@ class OPDCodingEnv(RolloutEnv):
             metrics.update(opd_metrics(group))
             metrics["opd/wall_s"] = float(group["group_overrides"].get("opd_wall_s", 0.0))
         return metrics
-
-    # ---- evaluation ------------------------------------------------------------------------
-
-    async def eval_item(self, item: dict[str, Any], temperature: float) -> ItemResult:
-        """One rollout of a held-out task, no OPD."""
-        rollout, scored, tests = await self.rollout(item, temperature)
-        transcript = "\n\n".join(f"[{m['role']}] {m['content']}" for m in rollout.messages[2:])
-        return ItemResult(tests == "pass", scored.total, {"turns_mean": float(rollout.turns_used), "pass_rate": float(self.rubric.passed(scored.signals))},
-                          prompt=item["task"], response=transcript, turns=rollout.turns_used)
 
     async def close(self) -> None:
         await super().close()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from opd.config import Config, ConfigError, load_object
+from opd.registry import Registry
 
 if TYPE_CHECKING:
     from opd.data.sources import TaskSet
@@ -66,13 +67,12 @@ def _coding_data(cfg: Config) -> TaskSet:
     return load_coding(cfg.dataset)
 
 
-# The project's environments by env.name.
-ENVS: dict[str, EnvSpec] = {
-    "inline_math": EnvSpec("inline_math", "opd.envs.inline_math:InlineMathEnv", _math_data,
-                           arguments=lambda cfg, common, judge: ((cfg.env, cfg.reward), {"drop_equal_scores": drop_equal_scores(cfg), **common})),
-    "opd_coding": EnvSpec("opd_coding", "opd.envs.opd_coding:OPDCodingEnv", _coding_data,
-                          arguments=lambda cfg, common, judge: ((cfg.env, cfg.reward, cfg.judge), {"judge_pool": judge, **common})),
-}
+# The project's environments by env.name (a name registered twice is refused).
+ENVS: Registry[EnvSpec] = Registry("environment", "env.name")
+ENVS.add("inline_math", EnvSpec("inline_math", "opd.envs.inline_math:InlineMathEnv", _math_data,
+                                arguments=lambda cfg, common, judge: ((cfg.env, cfg.reward), {"drop_equal_scores": drop_equal_scores(cfg), **common})))
+ENVS.add("opd_coding", EnvSpec("opd_coding", "opd.envs.opd_coding:OPDCodingEnv", _coding_data,
+                               arguments=lambda cfg, common, judge: ((cfg.env, cfg.reward, cfg.judge), {"judge_pool": judge, **common})))
 
 
 def spec_of(env: Any) -> EnvSpec:
@@ -86,5 +86,5 @@ def spec_of(env: Any) -> EnvSpec:
             raise ConfigError(f"env.spec: {path!r} is not an opd.envs.registry.EnvSpec", "env.spec")
         return found
     if name in ENVS:
-        return ENVS[name]
-    raise ConfigError(f"env.name: unknown environment {name!r} (environments: {', '.join(ENVS)}; or env.spec=package.module:SPEC)", "env.name")
+        return ENVS.get(name)
+    raise ConfigError(ENVS.unknown(str(name), more="; or env.spec=package.module:SPEC"), "env.name")

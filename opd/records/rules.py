@@ -24,6 +24,7 @@ import numpy as np
 
 from opd.records import fields
 from opd.records.format import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, MASKED_LOGPROB
+from opd.registry import Registry
 
 
 @dataclass
@@ -52,12 +53,18 @@ class Rule:
     check: Callable[..., str | None]
 
 
-RULES: list[Rule] = []
+# The rules by name, in the order they run within their layer (a name registered twice is refused).
+RULES: Registry[Rule] = Registry("record rule")
+LAYERS = ("group", "field", "shape", "value")
 
 
 def rule(layer: str) -> Callable[[Callable[..., str | None]], Callable[..., str | None]]:
+    """Register the decorated check as a rule of `layer` under its function's name."""
+    if layer not in LAYERS:
+        raise ValueError(f"a record rule's layer is one of {LAYERS}, got {layer!r}")
+
     def register(check: Callable[..., str | None]) -> Callable[..., str | None]:
-        RULES.append(Rule(check.__name__, layer, check))
+        RULES.add(check.__name__, Rule(check.__name__, layer, check), layer=layer)
         return check
 
     return register
@@ -364,11 +371,11 @@ def _problems(group: dict[str, Any]) -> Iterator[str]:
     if not isinstance(group, dict):
         yield "a group must be a JSON object"
         return
-    for r in RULES:
+    for r in RULES.values():
         if r.layer == "group" and (problem := r.check(group)):
             yield problem
             return
-    for r in RULES:
+    for r in RULES.values():
         if r.layer == "field" and (problem := r.check(group)):
             yield problem
             break
@@ -381,14 +388,14 @@ def _problems(group: dict[str, Any]) -> Iterator[str]:
             detail = details[i] if isinstance(details, list) and i < len(details) else None
             view.raw["teacher_logprobs"] = detail.get("teacher_logprobs") if isinstance(detail, dict) else None
         shaped = True
-        for r in RULES:
+        for r in RULES.values():
             if r.layer == "shape" and (problem := r.check(view)):
                 yield problem
                 shaped = False
                 break
         if not shaped:
             continue
-        for r in RULES:
+        for r in RULES.values():
             if r.layer == "value" and (problem := r.check(view)):
                 yield problem
 

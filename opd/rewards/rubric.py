@@ -16,26 +16,28 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
 
+from opd.registry import Registry
+
 O = TypeVar("O")
 SignalFn = Callable[[O, Any], float]
 
 
 class Signals(Generic[O]):
-    """The signals of one environment, in order; `@SIGNALS.add` registers a function by its name."""
+    """The signals of one environment, in order; `@SIGNALS.add` registers a function by its name
+    (a name registered twice is refused)."""
 
     def __init__(self) -> None:
-        self._fns: dict[str, SignalFn] = {}
+        self.registry: Registry[SignalFn] = Registry("reward signal", "reward.weights")
 
     def add(self, fn: SignalFn) -> SignalFn:
-        self._fns[fn.__name__] = fn
-        return fn
+        return self.registry.add(fn.__name__, fn)
 
     def __iter__(self) -> Iterator[tuple[str, SignalFn]]:
-        return iter(self._fns.items())
+        return self.registry.items()
 
     @property
     def names(self) -> list[str]:
-        return list(self._fns)
+        return self.registry.names
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,8 @@ class Rubric(Generic[O]):
         weights = asdict(weights) if is_dataclass(weights) else dict(weights)
         missing, extra = set(signals.names) - set(weights), set(weights) - set(signals.names)
         if missing or extra:
-            raise RubricError(f"reward.weights must name the signals {signals.names} one to one (missing {sorted(missing)}, unknown {sorted(extra)})",
+            near = "".join(f"; {name}: did you mean {close}?" for name in sorted(extra) if (close := signals.registry.nearest(name)))
+            raise RubricError(f"reward.weights must name the signals {signals.names} one to one (missing {sorted(missing)}, unknown {sorted(extra)}{near})",
                               "reward.weights")
         for rule, key in ((penalty, "reward.format_penalty"), (passing, "reward.pass_threshold")):
             if rule is not None and rule.signal not in signals.names:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from opd.config import Config, ConfigError, load_object
+from opd.registry import Registry
 from opd.sinks.base import Sink
 
 if TYPE_CHECKING:
@@ -43,26 +44,22 @@ class SinkContext:
 
 
 SinkFactory = Callable[[SinkContext], "Sink | None"]
-# The project's sinks by name.
-SINKS: dict[str, SinkFactory] = {}
+# The project's sinks by name (a name registered twice is refused).
+SINKS: Registry[SinkFactory] = Registry("sink", "sinks")
 
 
 def sink_factory(name: str) -> Callable[[SinkFactory], SinkFactory]:
-    """Register `fn` as the factory of the sink `name`."""
-
-    def register(fn: SinkFactory) -> SinkFactory:
-        SINKS[name] = fn
-        return fn
-
-    return register
+    """Register the decorated function as the factory of the sink `name`."""
+    return SINKS.register(name)
 
 
 def resolve(name: str) -> SinkFactory:
-    """The factory a `sinks` entry names; a ConfigError naming `sinks` when there is none."""
+    """The factory a `sinks` entry names; a ConfigError naming `sinks` (and the nearest sink) when
+    there is none."""
     if name in SINKS:
-        return SINKS[name]
+        return SINKS.get(name)
     if ":" not in name:
-        raise ConfigError(f"sinks: no sink named {name!r} (sinks: {', '.join(SINKS)}; or package.module:factory)", "sinks")
+        raise ConfigError(SINKS.unknown(name, more="; or package.module:factory"), "sinks")
     found = load_object(name, "sinks")
     if not callable(found):
         raise ConfigError(f"sinks: {name!r} is not a factory (a callable taking a SinkContext)", "sinks")

@@ -9,7 +9,7 @@ from typing import Any
 from opd.config import SandboxConfig
 from opd.tools.calculator import CalculatorError, CalculatorLimits, evaluate
 from opd.tools.registry import Tool, ToolError
-from opd.tools.sandbox import run_python
+from opd.jail.sandbox import run_python
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The coding agent's tools over one rollout's workspace: write_file, read_file, terminal, patch
 (`TOOLS`, run against a `Workspace` bound in a `Toolbox`).
 
-A workspace is a directory of its own with a uid of its own (`opd.tools.call_dirs`, `opd.tools.uids`); `terminal`
+A workspace is a directory of its own with a uid of its own (`opd.jail.call_dirs`, `opd.jail.uids`); `terminal`
 runs `bash -c` jailed in it. As root it is a tmpfs of `workspace_mb` and `workspace_files`
-(`opd.tools.tmpfs`): no call and no file tool writes past them, and a call that filled it says so;
+(`opd.jail.tmpfs`): no call and no file tool writes past them, and a call that filled it says so;
 elsewhere its size is measured after each call, and a call that left too much empties it.
 
 The file tools run in the launcher, as root when it is root, so they
@@ -27,10 +27,10 @@ from pathlib import PurePosixPath
 
 from opd.config import SandboxConfig
 from opd.tools.registry import Tool, ToolError
-from opd.tools import tmpfs
-from opd.tools.call_dirs import CallDirs, disk_usage, launcher_dirs
-from opd.tools.sandbox import run_command
-from opd.tools.uids import UidLease
+from opd.jail import tmpfs
+from opd.jail.call_dirs import CallDirs, disk_usage, launcher_dirs
+from opd.jail.sandbox import run_command
+from opd.jail.uids import UidLease
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 `trainer.loss` weights), each a sum over the tokens it applies to (the caller divides by the
 batch's trained-token count, so micro-batches add up to a token mean); `weighted_total` is the
 one place the configured weights combine them. A new term is a function decorated
-`@loss_term("name")` here and its weight in `conf/trainer/local.yaml`.
+`@loss_term("name")` here (`needs_teacher=True` when it reads only teacher rows) and its weight in
+`conf/trainer/local.yaml`.
 
 - `pg`: GRPO/PPO-style clipped surrogate with the sequence's group-normalised
   advantage and the ratio new/old against the sampler's own logprobs (`inference_logprobs`);
@@ -22,6 +23,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from opd.registry import Registry
 from opd.train.batch import Batch
 
 
@@ -38,28 +40,21 @@ class LossInputs:
 
 
 LossTerm = Callable[[LossInputs], torch.Tensor]
-# Loss terms by the name of their weight under trainer.loss.
-LOSS_TERMS: dict[str, LossTerm] = {}
+# Loss terms by the name of their weight under trainer.loss, each saying whether it needs teacher rows.
+LOSS_TERMS: Registry[LossTerm] = Registry("loss term", "trainer.loss")
 
 
-def loss_term(name: str) -> Callable[[LossTerm], LossTerm]:
-    """Register a loss term under `name` (its weight is trainer.loss.<name>)."""
-
-    def register(fn: LossTerm) -> LossTerm:
-        LOSS_TERMS[name] = fn
-        return fn
-
-    return register
+def loss_term(name: str, *, needs_teacher: bool = False) -> Callable[[LossTerm], LossTerm]:
+    """Register a loss term under `name` (its weight is trainer.loss.<name>). `needs_teacher`: it
+    reads only the teacher's rows (`overrides[i].teacher_logprobs`, `distill_*`), so it is 0, with
+    no gradient, on records without them (opd.train.teacher_terms refuses a loss of only such terms
+    where nothing writes them)."""
+    return LOSS_TERMS.register(name, needs_teacher=needs_teacher)
 
 
 def weighted_total(weights: Mapping[str, float], losses: Mapping[str, torch.Tensor | float]) -> torch.Tensor | float:
     """The loss: sum(weight x term) over the configured terms (a term of weight 0 adds nothing)."""
     return sum(weight * losses[name] for name, weight in weights.items() if weight)
-
-
-def unknown_terms(weights: Mapping[str, float]) -> list[str]:
-    """Names under trainer.loss that no registered term has."""
-    return sorted(set(weights) - set(LOSS_TERMS))
 
 
 @dataclass
@@ -117,13 +112,13 @@ def policy_gradient(x: LossInputs) -> torch.Tensor:
     return _surrogate(x.new_lp, x.batch.old_logprobs, advantage, x.batch.trained, x.clip)[0]
 
 
-@loss_term("opd_advantage")
+@loss_term("opd_advantage", needs_teacher=True)
 def opd_advantage(x: LossInputs) -> torch.Tensor:
     where, advantage, _ = _opd_advantages(x)
     return _surrogate(x.new_lp, x.batch.old_logprobs, advantage, where, x.clip)[0]
 
 
-@loss_term("topk_kl")
+@loss_term("topk_kl", needs_teacher=True)
 def topk_kl(x: LossInputs) -> torch.Tensor:
     where = x.batch.has_topk & x.batch.trained
     if x.batch.topk_ids is None or not bool(where.any()):
@@ -136,7 +131,7 @@ def terms(logits: torch.Tensor, batch: Batch, clip: float, opd_clamp: float | No
     trainer reports beside them; `opd_clamp` bounds the OPD advantage (None: unbounded)."""
     new_lp, logsm = token_logprobs(logits, batch.tokens)
     x = LossInputs(new_lp, logsm, batch, clip, opd_clamp)
-    losses = {name: LOSS_TERMS[name](x) for name in (names if names is not None else LOSS_TERMS)}
+    losses = {name: LOSS_TERMS.get(name)(x) for name in (names if names is not None else LOSS_TERMS)}
     trained = batch.trained
     # k3 estimate of KL(sampler || current) on trained tokens, which the sampler drew: with
     # r = current / sampler, E_sampler[r - 1 - log r] = KL(sampler || current). How far the policy moved.

@@ -14,9 +14,13 @@ from opd.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
-# Terms of opd/train/losses.py that read only the teacher's rows (`overrides[i].teacher_logprobs`,
-# `distill_token_ids`/`distill_logprobs`): 0, with no gradient, on records without them.
-TEACHER_TERMS = frozenset({"opd_advantage", "topk_kl"})
+def teacher_terms() -> list[str]:
+    """The loss terms that read only the teacher's rows (`overrides[i].teacher_logprobs`,
+    `distill_token_ids`/`distill_logprobs`): those registered with `needs_teacher=True`
+    (opd/train/losses.py), 0 with no gradient on records without them."""
+    from opd.train import losses
+
+    return [entry.name for entry in losses.LOSS_TERMS.where(needs_teacher=True)]
 
 
 def teacher_source(cfg: Any) -> str | None:
@@ -38,7 +42,7 @@ def check_loss_weights(cfg: Any) -> None:
     weights = {name: float(weight) for name, weight in cfg.trainer.loss.items() if weight}
     if teacher_source(cfg) is not None:
         return
-    idle = sorted(set(weights) & TEACHER_TERMS)
+    idle = sorted(set(weights) & set(teacher_terms()))
     given = ", ".join(f"{name}={weights[name]:g}" for name in idle)
     kind = getattr(getattr(cfg, "teacher", None), "kind", "none")
     where = f"env={cfg.env.name} without a teacher" if kind == "none" else f"teacher={kind} with env.opd.enabled=false"

@@ -25,7 +25,7 @@ from opd.config import LocalTrainerConfig
 from opd.train.batch import Batch, equal_scores, has_teacher_signal, make_batch
 from opd.train.losses import terms, token_logprobs, weighted_total
 from opd.train.prefix import logits_after_prefix, shared_prefix_length
-from opd.train.teacher_terms import TEACHER_TERMS
+from opd.train.teacher_terms import teacher_terms
 from opd.train.untied import save_untied
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,8 @@ class LocalTrainer:
         (arm=grpo beside a teacher), it would only dilute the policy gradient's token mean."""
         if self.cfg.equal_score_groups == "keep":
             return groups, 0
-        taught = any(weight and name in TEACHER_TERMS for name, weight in self.cfg.loss.items())
+        needs_teacher = teacher_terms()
+        taught = any(weight and name in needs_teacher for name, weight in self.cfg.loss.items())
         kept = [g for g in groups if not equal_scores(g) or (taught and has_teacher_signal(g))]
         return kept, len(groups) - len(kept)
 

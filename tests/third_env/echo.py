@@ -7,7 +7,6 @@ schemas, its data, its rubric, its class and the `EnvSpec` that names them
 
 from __future__ import annotations
 
-import asyncio
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +15,7 @@ from omegaconf import MISSING
 
 from opd.config import Config, EnvConfig
 from opd.data.sources import TaskSet
-from opd.envs.base import ItemResult, RolloutEnv
+from opd.envs.base import RolloutEnv, RolloutResult
 from opd.envs.registry import EnvSpec
 from opd.records import Sequence
 from opd.rewards.rubric import PassRule, Rubric, Signals
@@ -68,31 +67,16 @@ class EchoEnv(RolloutEnv):
     build_rubric = staticmethod(rubric)
 
     def __init__(self, cfg: EchoEnvConfig, reward: EchoRewardConfig, **common: Any) -> None:
-        super().__init__(temperature=cfg.temperature, sampling=cfg.sampling, eval_temperature=cfg.eval_temperature, tools=[], **common)
-        self.cfg = cfg
-        self.rubric = self.build_rubric(reward)
+        super().__init__(cfg, reward, tools=[], record_params={"max_tokens": cfg.max_tokens}, **common)
 
-    async def rollout(self, item: dict[str, Any], temperature: float) -> tuple[Sequence, Any, str, str]:
+    async def rollout(self, item: dict[str, Any], temperature: float, prepared: Any) -> RolloutResult:
         prompt = self.chat_format.render_ids(self.tokenizer, [{"role": "user", "content": f"Say {item['word']}."}], None, add_generation_prompt=True)
         gen = await self.generate(prompt, max_tokens=self.cfg.max_tokens, temperature=temperature)
         sequence = Sequence.from_prompt(prompt)
         sequence.add_generated(gen.token_ids, gen.logprobs)
         text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        return sequence, self.rubric.score(EchoOutcome(text, item["word"])), text, gen.finish_reason
-
-    async def make_group(self, item: dict[str, Any], roots: list[Any]) -> Any:
-        results = await asyncio.gather(*(self.rollout(item, self.temperature) for _ in roots))
-        details = [{"reward_signals": s.signals, "passed": self.rubric.passed(s.signals), "tool_calls": 0, "tool_errors": 0, "finish": finish,
-                    "generated_tokens": sum(m != -100 for m in seq.masks)} for seq, s, _, finish in results]
-        return self.group_record(item, [r[0] for r in results], [r[1].total for r in results], details, {"max_tokens": self.cfg.max_tokens})
-
-    def env_metrics(self, group: dict[str, Any]) -> dict[str, float]:
-        details = group["overrides"]
-        return {"accuracy": sum(d["passed"] for d in details) / len(details)}
-
-    async def eval_item(self, item: dict[str, Any], temperature: float) -> ItemResult:
-        _, scored, text, _ = await self.rollout(item, temperature)
-        return ItemResult(self.rubric.passed(scored.signals), scored.total, prompt=item["word"], response=text)
+        scored = self.rubric.score(EchoOutcome(text, item["word"]))
+        return RolloutResult(sequence, scored, gen.finish_reason, prompt=item["word"], response=text)
 
 
 SPEC = EnvSpec("echo", "third_env.echo:EchoEnv", load_data, env_schema=EchoEnvConfig, reward_schema=EchoRewardConfig)

@@ -16,7 +16,7 @@
   const INDEX_COLUMNS = [
     ["group", "#", true, "line of the file (from 0)"], ["item", "item", false, "item id"], ["env", "env", false, "environment"],
     ["score_mean", "score", true, "mean score of the group's rollouts"], ["score_std", "sd", true, "spread: standard deviation of the scores"],
-    ["passed", "pass", true, "rollouts that passed (inline_math: correct; opd_coding: tests pass)"],
+    ["passed", "pass", true, "rollouts that passed (the rubric's pass rule, as each record says)"],
     ["failed", "fail", true, "rollouts that did not pass"], ["hinted_turns", "hints", true, "judged turns with a hint"],
     ["format_violations", "fmt", true, "rollouts with a format violation"], ["tool_calls", "tools", true, "tool calls"],
     ["tool_errors", "errs", true, "tool errors"],
@@ -131,7 +131,9 @@
 
   // ---- a group -------------------------------------------------------------------------------
   const summaryOf = (g) => ROWS.find((row) => row[COL.group] === g);
-  const passedOf = (env, d) => (env === "inline_math" && "correct" in d ? !!d.correct : env === "opd_coding" && "tests" in d ? d.tests === "pass" : null);
+  // Whether a rollout passed, as its record says (`passed`, any environment); older records: inline_math's `correct`, opd_coding's tests.
+  const passedOf = (env, d) => (typeof d.passed === "boolean" ? d.passed
+    : env === "inline_math" && "correct" in d ? !!d.correct : env === "opd_coding" && "tests" in d ? d.tests === "pass" : null);
   // A record's fields are read as the format says only when they have its types (a hostile or
   // foreign file may hold anything): lists must be arrays, counts numbers; every value shown is escaped.
   const list = (x) => (Array.isArray(x) ? x : []);
@@ -299,7 +301,7 @@
     const facts = [["score", num(seq.score)], ["passed", ok === null ? "–" : ok ? "yes" : "no"]];
     for (const [name, value] of Object.entries(obj(d.reward_signals))) facts.push([`signal: ${name}`, typeof value === "object" && value !== null ? JSON.stringify(value) : num(value)]);
     facts.push(["finish", d.finish], ["tool calls", toolCallsOf(d) + (list(d.tools_used).length ? ` (${list(d.tools_used).join(", ")})` : "")], ["tool errors", num(d.tool_errors ?? 0)]);
-    const shown = new Set(["reward_signals", "finish", "tool_calls", "tools_used", "tool_errors", "opd_turns", "correct"]);
+    const shown = new Set(["reward_signals", "passed", "finish", "tool_calls", "tools_used", "tool_errors", "opd_turns", "correct"]);
     for (const [k, v] of Object.entries(d)) if (!shown.has(k)) facts.push([k, typeof v === "object" && v !== null ? JSON.stringify(v) : num(v)]);
     const scored = view.a.rows.length;
     $("rollout").innerHTML =

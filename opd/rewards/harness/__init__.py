@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opd.config import SandboxConfig
-from opd.tools.call_dirs import launcher_dirs
-from opd.tools.capture import read_cut
-from opd.tools.jail import Jail, interpreter, spawn
-from opd.tools.reaping import exited, stop
-from opd.tools.uids import UidLease
+from opd.jail.call_dirs import launcher_dirs
+from opd.jail.capture import read_cut
+from opd.jail.command import Jail, interpreter, spawn
+from opd.jail.reaping import exited, stop
+from opd.jail.uids import UidLease
 
 HERE = Path(__file__).resolve().parent
 _SCRIPTS = ("wire.py", "solution_server.py", "test_runner.py")

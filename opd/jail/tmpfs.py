@@ -9,7 +9,7 @@ holds is RAM (charged to the call's control group while the call writes it) and 
 is unmounted, at once and whatever its depth or number of files. `statvfs` says what it holds.
 
 Where mounting is not possible (a launcher that is not root), `available()` says so once with a
-warning, and the callers fall back to measuring after each call (`opd.tools.call_dirs.disk_usage`).
+warning, and the callers fall back to measuring after each call (`opd.jail.call_dirs.disk_usage`).
 Mounts left by a launcher that was killed are unmounted by the next one (`unmount_all_under`).
 """
 

@@ -1,6 +1,6 @@
 """The directories jailed calls write in: one directory per launcher (`<tmp>/opd-sandbox-<pid>-*`)
 holding a directory per workspace or call, each private to its uid; as root each is a tmpfs capped
-in bytes and in files (`opd.tools.tmpfs`), counted by statvfs and removed by one unmount.
+in bytes and in files (`opd.jail.tmpfs`), counted by statvfs and removed by one unmount.
 
 The launcher creates them itself and nothing it does follows a path the jailed code could have
 changed (see `opd.tools.workspace` for the file tools). Jailed code decides what its directory
@@ -28,9 +28,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from opd.config import SandboxConfig
-from opd.tools import tmpfs
-from opd.tools.jail import CallArea
-from opd.tools.reaping import exited
+from opd.jail import tmpfs
+from opd.jail.command import CallArea
+from opd.jail.reaping import exited
 
 logger = logging.getLogger(__name__)
 

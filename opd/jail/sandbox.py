@@ -2,17 +2,17 @@
 many calls at once (a run's rollouts make them concurrently).
 
 A call, in the order it happens (one module per step):
-- a uid of its own when the launcher runs as root (`opd.tools.uids`);
+- a uid of its own when the launcher runs as root (`opd.jail.uids`);
 - a directory of its own, and as root a capped tmpfs for it and its /tmp and /dev/shm
-  (`opd.tools.call_dirs`; `opd.tools.tmpfs`): a write past the cap fails as it happens (ENOSPC),
+  (`opd.jail.call_dirs`; `opd.jail.tmpfs`): a write past the cap fails as it happens (ENOSPC),
   and the result says which place is full;
 - the jail itself: bubblewrap under `prlimit` and `setpriv`, in a control group where the launcher
-  may create one (`opd.tools.jail`; `opd.tools.cgroups`);
+  may create one (`opd.jail.command`; `opd.jail.cgroups`);
 - the call ends as soon as its processes are gone, whatever its exit status (as root, the jail's
   leader exits only once every process of the call has been reaped); at a wall-clock timeout the
-  jail is killed and reaped, and with it every process inside (`opd.tools.reaping`);
+  jail is killed and reaped, and with it every process inside (`opd.jail.reaping`);
 - its output captured to files outside the jail, cut to `output_chars`, and in words which limit
-  stopped it (CPU seconds, memory, file size, wall clock, a signal) (`opd.tools.capture`).
+  stopped it (CPU seconds, memory, file size, wall clock, a signal) (`opd.jail.capture`).
 
 A missing or unusable bwrap is an error that names the fix (there is no weaker fallback: the
 `unshare` backend, which had no mount namespace, was removed).
@@ -29,12 +29,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from opd.config import SandboxConfig
-from opd.tools import tmpfs
-from opd.tools.call_dirs import CallDirs, jail_dirs, launcher_dirs
-from opd.tools.capture import read_cut, stopped_by
-from opd.tools.jail import CallArea, interpreter, spawn
-from opd.tools.reaping import exited, stop
-from opd.tools.uids import UidLease
+from opd.jail import tmpfs
+from opd.jail.call_dirs import CallDirs, jail_dirs, launcher_dirs
+from opd.jail.capture import read_cut, stopped_by
+from opd.jail.command import CallArea, interpreter, spawn
+from opd.jail.reaping import exited, stop
+from opd.jail.uids import UidLease
 
 # Executed by the child: runs the snippet and prints the value of a trailing expression, as a REPL
 # would, so `x = 2\nx * 3` shows 6.

@@ -7,7 +7,7 @@ makes new user, mount, PID, network, IPC, UTS and cgroup namespaces as that uid:
 and the system's libraries read-only, the call's directory and a private /tmp and /dev/shm the only
 writable places, its own /proc, no network, no new user namespaces, a new session, and it dies with
 its parent. Where the launcher may create control groups, the chain starts inside one with a memory
-and a process limit for all the call's processes together (`opd.tools.cgroups`).
+and a process limit for all the call's processes together (`opd.jail.cgroups`).
 
 With a leased uid (a root launcher), the jail's leader is `unshare`, which forks the rest of the
 chain as the first process of a PID namespace of its own and reaps it (`_reaped_namespace`): the
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from opd.config import SandboxConfig
-from opd.tools import cgroups
+from opd.jail import cgroups
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def _reaped_namespace(uid: int | None) -> list[str]:
 def reaped_namespaces() -> bool:
     """Can this (root) launcher give each jail a PID namespace of its own (`_reaped_namespace`)? It
     needs CAP_SYS_ADMIN, which a root launcher in a container may lack: then a warning, and a failed
-    call waits for its uid's processes instead (`opd.tools.reaping.stop`)."""
+    call waits for its uid's processes instead (`opd.jail.reaping.stop`)."""
     try:
         done = subprocess.run([shutil.which("unshare") or "unshare", "--pid", "--fork", "--kill-child", "--", "true"],
                               capture_output=True, text=True, timeout=30)
@@ -213,7 +213,7 @@ ENVIRONMENT = {"TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
 @dataclass
 class Jail:
     """A started jail: the leader of its chain (a process group of its own) and the control group
-    it runs in (None where the launcher may not create one). It owns that group: `opd.tools.reaping.stop`
+    it runs in (None where the launcher may not create one). It owns that group: `opd.jail.reaping.stop`
     kills the jail, reaps it and removes the group. `reaps_all`: the leader is `unshare`, which exits
     only once every process of the call has been reaped (`_reaped_namespace`)."""
 

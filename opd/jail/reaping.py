@@ -1,7 +1,7 @@
 """Ending a jail: a running one killed while its leader is an unreaped child (nothing else can hold
 its pid or group then), the leader reaped, the control group removed. Only `stop` reaps a jail's
 leader. With a root launcher the leader exits only once every process of the call has been reaped
-(`opd.tools.jail._reaped_namespace`): a call ends as soon as its processes are gone, and nothing
+(`opd.jail.command._reaped_namespace`): a call ends as soon as its processes are gone, and nothing
 is polled. Elsewhere the uid's processes are waited for (`wait_until_gone`).
 """
 
@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 
-from opd.tools.jail import Jail
+from opd.jail.command import Jail
 
 
 async def exited(proc: subprocess.Popen) -> None:
@@ -46,7 +46,7 @@ def _wait_unreaped(pid: int) -> None:
 
 async def stop(jail: Jail, uid: int | None = None) -> int:
     """Kill a jail if it still runs (`_kill`), reap its leader and return its exit status, then
-    remove its control group. With `reaps_all` (a root launcher: `opd.tools.jail._reaped_namespace`)
+    remove its control group. With `reaps_all` (a root launcher: `opd.jail.command._reaped_namespace`)
     the leader has exited only once every process of the call has been reaped, so nothing is
     waited for beyond it. Otherwise, with `uid`, also wait (up to 5 s) until no process of that uid
     runs (`wait_until_gone`): the uid's next call counts them against its process limit."""

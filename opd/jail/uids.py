@@ -16,7 +16,7 @@ import stat
 from functools import lru_cache
 from pathlib import Path
 
-from opd.tools.jail import SandboxUnavailable
+from opd.jail.command import SandboxUnavailable
 
 logger = logging.getLogger(__name__)
 
