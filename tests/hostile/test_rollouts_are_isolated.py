@@ -18,6 +18,7 @@ import pytest
 from conftest import compose, sandbox_limits
 from hostile.common import LIMITS, SECRET, AS_ROOT, call, workspace, TESTS, GOOD
 from opd.config import validate
+from opd.jail import reaping
 from opd.jail.sandbox import run_python
 from opd.rewards.coding import run_task_tests
 from opd.rewards.harness import run_tests
@@ -81,7 +82,12 @@ def test_process_groups_are_signalled_only_while_their_leader_is_unreaped(monkey
             return False
 
     def checked_killpg(pgid: int, sig: int) -> None:
-        signalled.append(("group", pgid, unreaped(pgid)))
+        # A group is killed only where the leader has no child left (its namespace ending meanwhile:
+        # `reaping._kill`'s fallback); with a child, it is "group+child", a defect under a root launcher.
+        child = reaping._child_of(pgid)
+        if child is not None:
+            os.close(child)
+        signalled.append(("group" if child is None else "group+child", pgid, unreaped(pgid)))
         if not signalled[-1][2]:
             raise ProcessLookupError(pgid)
         real_killpg(pgid, sig)
@@ -106,7 +112,8 @@ def test_process_groups_are_signalled_only_while_their_leader_is_unreaped(monkey
     # The solution's jail and the timed-out call were killed; the ended calls were not signalled.
     assert len(signalled) >= 2 and all(ok for _, _, ok in signalled), signalled
     if os.geteuid() == 0:  # each jail in a namespace of its own: its first process killed, not the group
-        assert {kind for kind, _, _ in signalled} == {"child"}, signalled
+        kinds = [kind for kind, _, _ in signalled]
+        assert "group+child" not in kinds and kinds[-1] == "child", signalled  # the timed-out call's child runs
 
 
 @pytest.mark.slow
