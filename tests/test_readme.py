@@ -104,6 +104,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m opd.fixture.probe [MODEL_DIR ...]": ("help", "as above"),
     "scripts/lock.sh [cpu] [gpu]": ("syntax", "resolving the locks takes minutes and the registries"),
     "scripts/lock.sh": ("syntax", "as above"),
+    "python -m experiments.screenshots --run RUN_ID --sweep SWEEP_DIR": ("help", "serves MLflow's UI and drives Chromium: a minute"),
     "python -m opd.records": ("mention", "the module of view and check"),
     "python -m opd.records check": ("mention", "the command above, named in the guarantees table"),
     "python -m opd.fixture.families model qwen3 --out /tmp/tiny-qwen3":
