@@ -37,13 +37,6 @@ def one_fast(values: list, fast: tuple = ()) -> list:
 SERVER_TIERS = ("vllm", "ray", "slurm")
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: one worker more than the cores this process may use. A whole run keeps the cores
-    busy only ~60% of its time (2 cores: 35 min of CPU in 29 min): the server tiers wait on vLLM,
-    Ray and Slurm; a third worker fills that wait."""
-    return len(os.sched_getaffinity(0)) + 1
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with the tier of the fixtures it needs, and `fast` when it is in no heavy tier;

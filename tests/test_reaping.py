@@ -144,7 +144,7 @@ def test_without_a_pid_namespace_of_its_own_a_call_waits_for_its_uids_processes(
     """A root launcher that may not make PID namespaces (no CAP_SYS_ADMIN) runs the jail without
     one and waits, after every call, until its uid's processes are gone (slow where the machine's
     pid 1 reaps late, ~2 s here): nothing accumulates either."""
-    monkeypatch.setattr(jail, "reaped_namespaces", lambda: False)
+    monkeypatch.setattr("opd.jail.command.reaped_namespaces", lambda: False)
     workspace = Workspace(LIMITS)
     try:
         for command, status in (("exit 1", "[exit code 1]"), ("true", "[exit code 0]"), ("(setsid sleep 8765 &) ; exit 2", "[exit code 2]")):
