@@ -1,8 +1,9 @@
 """One experiment, from a validated config to its objective.
 
 `run_experiment` writes the resolved config next to the data, loads the dataset, opens the MLflow
-run, starts or reaches the inference servers, builds the environment and its sinks, and then
-either generates `total_steps` groups (train, serve) or evaluates the held-out split (evaluate).
+run, starts or reaches the inference servers (the teacher's through its kind: opd.teachers), builds
+the environment and its sinks, and then either generates `total_steps` groups (train, serve) or
+evaluates the held-out split (evaluate).
 The summary is built here, in one place, from the runner's statistics, the sinks and the servers;
 the objective (`sweep.objective`) is read from it.
 """
@@ -30,10 +31,12 @@ from opd.envs.base import RolloutEnv
 from opd.event_loop import run_loop
 from opd.run_files import replace_file
 from opd.runner import Progress, Runner, RunnerLimits, RunStats
+from opd.serving.lifecycle import inference_servers
 from opd.serving.watch import ServerWatch, Watches
 from opd.sinks.base import Sink
 from opd.sweep.progress import SUMMARY_FILE, job_line
-from opd.sweep.state import SweepJob, run_name, shared_server_for, shared_teacher_for
+from opd.sweep.state import SweepJob, run_name, shared_server_for
+from opd.teachers import TeacherRun, teacher_of
 from opd.tracking.store import absolute_tracking_uri
 from opd.tracking.mlflow_run import DatasetRef, RunInfo, Tracker, model_label, open_run, previous_run_id, run_title, source_tags
 from opd.tracking.ui import run_link, ui_base, ui_command
@@ -114,75 +117,103 @@ def run_info(cfg: Config, job: SweepJob | None, data: TaskSet, asked: list[str] 
 def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | None = None) -> float:
     """Run the experiment `cfg` describes (a sweep job when `job` is given; `asked`: the command
     line's overrides, which name the MLflow run); return its objective."""
-    started = time.time()
-    out = Path(cfg.output_dir)
+    started, out = time.time(), Path(cfg.output_dir)
+    teacher = teacher_of(cfg)
     resumed = resume_state(cfg, job, out)
-    out.mkdir(parents=True, exist_ok=True)
-    resolved = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
-    yaml_text = OmegaConf.to_yaml(resolved)
-    replace_file(out / "config.yaml", yaml_text)
+    resolved = write_config(cfg, out)
     data = build.load_data(cfg)
     model = build.resolve_model(cfg.server.model)
     build.preflight(cfg, model)
-    teacher_dir = build.teacher_preflight(cfg, model) if cfg.mode != "evaluate" else None
-    if cfg.mode == "evaluate" and cfg.teacher.kind == "model":
-        logger.info("mode=evaluate measures the policy alone: teacher=model's server is not started")
+    teacher.preflight(model)
     if job is not None:
         logger.info("%s: %s", job_line(job.state, job.num), run_name(job.swept))
-    run_id = experiment_id = None
+    sweep = job.state if job else None
+    ids: tuple[str | None, str | None] = (None, None)
     with ExitStack() as stack:
-        shared = shared_server_for(job.state if job else None, cfg.server) if cfg.server.kind == "local" else None
+        shared = shared_server_for(sweep, cfg.server) if cfg.server.kind == "local" else None
         tracker = None
         if cfg.tracking.enabled:
             # MLflow works in a thread of its own: at once while a server starts here, else once
             # the first requests are sent (begin() below), so that it never delays them.
-            starts_server = cfg.server.kind == "local" and not shared
             tracker = stack.enter_context(open_run(cfg.tracking, out, resolved, run_info(cfg, job, data, asked, started), resumed.run_id,
-                                                   len(resumed.groups), begin=starts_server))
+                                                   len(resumed.groups), begin=cfg.server.kind == "local" and not shared))
         tracer = build.tracer(cfg, tracker)
         stack.callback(tracer.flush)
-        # teacher=model's own server (if it needs one) starts beside the policy's.
-        teacher_server = stack.enter_context(build.TeacherServer(cfg, model, teacher_dir, out / "vllm_teacher", shared_teacher_for(
-            job.state if job else None, cfg, teacher_dir))) if teacher_dir else None
-        urls, watch = stack.enter_context(build.inference_servers(cfg, model, out / "vllm", shared=shared))
-        teacher_urls = teacher_server.urls(urls) if teacher_server else []
-        teacher = build.teacher_model(cfg, teacher_dir, teacher_urls, tracer) if teacher_urls else None
-        teacher_watch = teacher_server.watch() if teacher_server else None
-        env = build.environment(cfg, data, model, build.server_pool(cfg, model, urls), tracer, build.judge_pool(cfg), teacher)
-        groups = build.groups_in_flight(cfg, len(urls))
-        logger.info("%d groups (%d rollouts) in flight for %d request slots", groups, groups * cfg.group_size, cfg.server.max_requests_in_flight * len(urls))
-        if tracker is not None:
-            tracker.set_tags({"opd.groups_in_flight": str(groups)})
-            if resumed.duplicates:
-                tracker.set_tags({"opd.resume_duplicates_dropped": str(resumed.duplicates)})
-        concurrency = groups * cfg.group_size
-        if tracker is not None:
-            tracker.begin()
+        # The teacher's own server (if it needs one) starts beside the policy's.
+        taught = stack.enter_context(teacher.serve(model, out / "vllm_teacher", sweep))
+        urls, watch = stack.enter_context(inference_servers(cfg, model, out / "vllm", shared=shared))
+        env = build.environment(cfg, data, model, build.server_pool(cfg, model, urls), tracer, build.judge_pool(cfg), taught.scorer(urls, tracer))
+        groups = groups_started(cfg, len(urls), tracker, resumed)
         if cfg.mode == "evaluate":
-            summary, history = run_loop(_evaluate(env, watch, build.evaluator(cfg, env, concurrency, tracker)), cfg.runner.uvloop), {}
+            summary, history = run_loop(_evaluate(env, watch, build.evaluator(cfg, env, groups * cfg.group_size, tracker)), cfg.runner.uvloop), {}
         else:
-            ceiling = build.teacher_ceiling(cfg, data, teacher_dir, teacher_urls, Path(job.state.sweep_dir) if job else None) \
-                if teacher_dir and build.teacher_evaluated(cfg) else None
-            sinks = build.sinks(cfg, env, model, urls, tracker, concurrency, ceiling)
-            workers = None
-            if cfg.runner.workers > 1:  # environment workers on Ray; the sinks stay here
-                from opd.distributed.source import environment_workers
-
-                workers = stack.enter_context(environment_workers(cfg, data, model, urls, (teacher_dir, teacher_urls) if teacher_urls else None))
-            # Jobs at once in this machine's processes: the launcher shows one bar for all of them.
-            progress = cfg.runner.progress and not (job is not None and job.state.parallel)
-            report = progress_report(cfg, env if workers is None else None, tracker)
-            stats, extra = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups, workers, progress, teacher_watch, report), cfg.runner.uvloop)
-            summary, history = {**summarize(stats, sinks, env, watch, teacher_watch), **extra}, stats.history
-            logger.info("wrote %d groups to %s in %.1f s (%d failed)", stats.written, out / GROUPS_FILE, stats.elapsed, stats.failed)
-        objective_name = cfg.sweep.objective or default_objective(cfg)
-        objective = objective_of(objective_name, summary, history)
+            summary, history = generate_groups(cfg, job, stack, data, model, urls, env, watch, taught, tracker, groups, resumed)
+        objective_name, objective = objective_for(cfg, summary, history)
         if tracker is not None:
-            tracker.set_tags({"opd.objective": objective_name})
-            tracker.log_metrics({**summary, "objective": objective}, step=cfg.total_steps if cfg.mode != "evaluate" else 0)
-            if job is not None:
-                tracker.log_to_parent({"objective": objective}, step=job.num)
-            run_id, experiment_id = tracker.run_id, tracker.experiment_id
+            log_objective(cfg, job, tracker, objective_name, objective, summary)
+            ids = (tracker.run_id, tracker.experiment_id)
+    write_report(cfg, job, out, started, summary, history, objective_name, objective, ids)
+    return objective
+
+
+def write_config(cfg: Config, out: Path) -> Any:
+    """The resolved config, written to `out`/config.yaml next to the data (`out` made here)."""
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    replace_file(out / "config.yaml", OmegaConf.to_yaml(resolved))
+    return resolved
+
+
+def groups_started(cfg: Config, servers: int, tracker: Tracker | None, resumed: Resumed) -> int:
+    """How many groups run at once over `servers` (said in the log and the MLflow run, whose
+    thread then begins)."""
+    groups = build.groups_in_flight(cfg, servers)
+    logger.info("%d groups (%d rollouts) in flight for %d request slots", groups, groups * cfg.group_size, cfg.server.max_requests_in_flight * servers)
+    if tracker is not None:
+        tracker.set_tags({"opd.groups_in_flight": str(groups)})
+        if resumed.duplicates:
+            tracker.set_tags({"opd.resume_duplicates_dropped": str(resumed.duplicates)})
+        tracker.begin()
+    return groups
+
+
+def generate_groups(cfg: Config, job: SweepJob | None, stack: ExitStack, data: TaskSet, model: str, urls: list[str], env: RolloutEnv,
+                    watch: ServerWatch, taught: TeacherRun, tracker: Tracker | None, groups: int, resumed: Resumed) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """mode=train or serve: the sinks, the environment workers (runner.workers > 1, stopped with
+    `stack`) and the generation loop; the run's summary and its per-group history."""
+    sinks = build.sinks(cfg, env, model, urls, tracker, groups * cfg.group_size, taught.ceiling(data, Path(job.state.sweep_dir) if job else None))
+    workers = None
+    if cfg.runner.workers > 1:  # environment workers on Ray; the sinks stay here
+        from opd.distributed.source import environment_workers
+
+        workers = stack.enter_context(environment_workers(cfg, data, model, urls, taught.for_workers()))
+    # Jobs at once in this machine's processes: the launcher shows one bar for all of them.
+    progress = cfg.runner.progress and not (job is not None and job.state.parallel)
+    report = progress_report(cfg, env if workers is None else None, tracker)
+    stats, extra = run_loop(_generate(cfg, env, sinks, watch, groups, resumed.groups, workers, progress, taught.watch, report), cfg.runner.uvloop)
+    logger.info("wrote %d groups to %s in %.1f s (%d failed)", stats.written, Path(cfg.output_dir) / GROUPS_FILE, stats.elapsed, stats.failed)
+    return {**summarize(stats, sinks, env, watch, taught.watch), **extra}, stats.history
+
+
+def objective_for(cfg: Config, summary: dict[str, float], history: dict[str, list[float]]) -> tuple[str, float]:
+    """The objective's name (sweep.objective, else `default_objective`) and value."""
+    name = cfg.sweep.objective or default_objective(cfg)
+    return name, objective_of(name, summary, history)
+
+
+def log_objective(cfg: Config, job: SweepJob | None, tracker: Tracker, name: str, objective: float, summary: dict[str, float]) -> None:
+    """The summary and the objective in the MLflow run (a sweep job's objective in its parent's too)."""
+    tracker.set_tags({"opd.objective": name})
+    tracker.log_metrics({**summary, "objective": objective}, step=cfg.total_steps if cfg.mode != "evaluate" else 0)
+    if job is not None:
+        tracker.log_to_parent({"objective": objective}, step=job.num)
+
+
+def write_report(cfg: Config, job: SweepJob | None, out: Path, started: float, summary: dict[str, float], history: dict[str, list[float]],
+                 objective_name: str, objective: float, ids: tuple[str | None, str | None]) -> None:
+    """summary.json in `out` (`ids`: the MLflow run's and experiment's), and the run's end in the
+    log: the summary table, or for a sweep job one line on the console and the table in its log."""
+    run_id, experiment_id = ids
     report = {**summary, "objective": objective, "objective_name": objective_name, "accuracy": _accuracy(summary, history),
               "run_s": time.time() - started, "output_dir": str(out.resolve()), "mlflow_run_id": run_id,
               "mlflow_experiment_id": experiment_id,
@@ -194,7 +225,6 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
         logger.info("%s", summary_table(cfg, report), extra={"file_only": True})
         logger.info("sweep job %d (%s) finished in %.0f s: objective %s = %.4g, accuracy %.4g; %s", job.num + 1, run_name(job.swept),
                     report["run_s"], objective_name, objective, report["accuracy"], out)
-    return objective
 
 
 def _accuracy(summary: dict[str, float], history: dict[str, list[float]]) -> float:

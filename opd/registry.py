@@ -1,5 +1,5 @@
 """Named plug-ins, one helper for every plug-in point: environments (`env.name`), sinks (`sinks`),
-loss terms (`trainer.loss`), reward signals (`reward.weights`) and record rules.
+loss terms (`trainer.loss`), reward signals (`reward.weights`), record rules and teachers (`teacher`, opd.teachers).
 
 A `Registry` holds one point's entries by name, each with the metadata it declares where it is
 registered (a loss term that needs teacher rows, a record rule's layer). A name registered twice is

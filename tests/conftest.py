@@ -140,7 +140,7 @@ def _vllm_server(fixture_model: str, weights: str, workdir: Path):
     """A real vLLM OpenAI server on the fixture model (top-20 logprobs), not yet started."""
     from dataclasses import replace
 
-    from opd.build import whole_prefill_args
+    from opd.serving.lifecycle import whole_prefill_args
     from opd.config import validate
     from opd.serving.local_vllm import LocalVLLM
 

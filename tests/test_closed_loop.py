@@ -280,7 +280,7 @@ def test_two_evaluations_of_the_same_weights_give_the_same_per_item_results(tmp_
 def test_many_seeded_requests_with_long_prompts_leave_the_server_up_and_repeat_exactly(fixture_model, vllm_url, tokenizer) -> None:
     # 24 prompts of ~1,500 tokens at once exceed one engine step's budget: with chunked prefill on
     # vLLM's CPU build, a seeded request's split prefill killed the engine ("CPU Generator does not
-    # use offset"); the test server runs as a seeded evaluation's does (opd.build.whole_prefill_args).
+    # use offset"); the test server runs as a seeded evaluation's does (opd.serving.lifecycle.whole_prefill_args).
     from opd.serving.vllm_client import VLLMClient
     from opd.serving.watch import healthy
 

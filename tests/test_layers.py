@@ -34,6 +34,8 @@ LAYERS = [
     ["opd.distributed"],
     # Sweeps: the state file and progress the jobs read, the callback that starts the shared servers.
     ["opd.sweep"],
+    # The teacher, a component: each kind's preflight, server and rows (over the build, the servers' lifecycles and a sweep's shared teacher).
+    ["opd.teachers"],
     # `python -m opd.records` is an entry point: its --rerender needs the environments' tools.
     ["opd.experiment", "opd.atropos", "opd.records.__main__"],
     ["experiments"],

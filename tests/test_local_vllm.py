@@ -40,7 +40,7 @@ def test_a_local_server_keeps_idle_connections_longer_than_its_client() -> None:
     client reused one for 15 s (aiohttp's default): a request written into a connection the server
     had just closed failed ("Can not write request body"). A server the run starts is told to keep
     them a minute longer than its client, server.keepalive_s, reuses them."""
-    from opd.build import local_server, local_teacher_server
+    from opd.serving.lifecycle import local_server, local_teacher_server
 
     import shutil
 
@@ -60,7 +60,7 @@ def test_the_teachers_local_server_is_built_whatever_serves_the_policy(policy: l
     import shutil
     from importlib import metadata
 
-    from opd.build import local_teacher_server
+    from opd.serving.lifecycle import local_teacher_server
 
     cfg = validate(compose([*policy, "teacher=model", "teacher.server.model=fixture_teacher", "eval.every=5", "eval.teacher=true",
                             "teacher.server.max_model_len=5000"]))

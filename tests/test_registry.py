@@ -102,4 +102,4 @@ def test_a_loss_term_that_declares_it_needs_teacher_rows_is_refused_without_a_te
     cfg = validate(compose(["arm=grpo"]))
     taught = SimpleNamespace(env=cfg.env, teacher=cfg.teacher, trainer=SimpleNamespace(loss={"pg": 0.0, "teacher_ce": 1.0}))
     with pytest.raises(ConfigError, match="trainer.loss: teacher_ce=1 needs teacher rows and env=inline_math without a teacher writes none"):
-        check_loss_weights(taught)
+        check_loss_weights(taught, None)

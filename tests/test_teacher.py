@@ -160,11 +160,11 @@ def test_the_teacher_group_defaults_per_env_and_its_combinations_are_checked() -
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
             validate(compose(overrides))
     # With a teacher model the OPD terms alone may train inline_math (without one, preflight refuses it).
-    from opd.train.teacher_terms import check_loss_weights
+    from opd.teachers import teacher_of
 
-    check_loss_weights(validate(compose(["env=inline_math", "trainer=local", "trainer.loss.pg=0", *TEACHER])))
+    teacher_of(validate(compose(["env=inline_math", "trainer=local", "trainer.loss.pg=0", *TEACHER]))).check_loss()
     with pytest.raises(ConfigError, match="trainer.loss: opd_advantage=1 needs teacher rows"):
-        check_loss_weights(validate(compose(["env=inline_math", "trainer=local", "trainer.loss.pg=0"])))
+        teacher_of(validate(compose(["env=inline_math", "trainer=local", "trainer.loss.pg=0"]))).check_loss()
 
 
 def modified_tokenizer_copy(fixture_model: str, out: Path) -> Path:
@@ -184,19 +184,19 @@ def modified_tokenizer_copy(fixture_model: str, out: Path) -> Path:
 
 
 def test_a_teacher_of_another_tokenizer_fails_at_start_up_naming_both_models(fixture_model, tmp_path) -> None:
-    from opd import build
+    from opd.teachers import ModelTeacher
 
     other = modified_tokenizer_copy(fixture_model, tmp_path / "other_teacher")
     cfg = validate(compose(["env=inline_math", "teacher=model", f"teacher.server.model={other}"]))
     with pytest.raises(ConfigError) as caught:
-        build.teacher_preflight(cfg, fixture_model)
+        ModelTeacher(cfg).check(fixture_model)
     message = str(caught.value)
     assert "\n" not in message and str(other) in message and "server.model='fixture'" in message and caught.value.key == "teacher.server.model"
     # A copy with the very same files passes, and its directory is what the run serves.
     same = tmp_path / "same_teacher"
     shutil.copytree(fixture_model, same)
     cfg = validate(compose(["env=inline_math", "teacher=model", f"teacher.server.model={same}"]))
-    assert build.teacher_preflight(cfg, fixture_model) == str(same)
+    assert ModelTeacher(cfg).check(fixture_model) == str(same)
 
 
 def teacher_group(scores: list[float]) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -42,18 +43,25 @@ def test_the_terms_said_to_need_teacher_rows_are_exactly_those_that_learn_nothin
 
 
 def test_teacher_rows_come_from_a_teacher_model_or_the_enabled_self_hint_teacher_and_never_from_plain_inline_math() -> None:
-    from opd.train.teacher_terms import teacher_source
+    from opd.teachers import teacher_of
 
-    assert teacher_source(validate(compose(["trainer=local"]))) is None
-    assert teacher_source(validate(compose(["env=opd_coding", "trainer=local"]))) == "teacher=self_hint (env.opd.enabled)"
+    def rows(overrides: list[str]) -> str | None:
+        return teacher_of(validate(compose(overrides))).rows()
+
+    assert rows(["trainer=local"]) is None
+    assert rows(["env=opd_coding", "trainer=local"]) == "teacher=self_hint (env.opd.enabled)"
     # teacher=self_hint without its judge hints nothing, so it writes no rows.
-    assert teacher_source(validate(compose(["env=opd_coding", "env.opd.enabled=false", "trainer=local"]))) is None
-    assert teacher_source(validate(compose(["trainer=local", "teacher=model", "teacher.server.model=fixture"]))) == "teacher=model"
-    assert teacher_source(validate(compose(["env=opd_coding", "teacher=model", "teacher.server.model=fixture", "trainer=local"]))) == "teacher=model"
+    assert rows(["env=opd_coding", "env.opd.enabled=false", "trainer=local"]) is None
+    assert rows(["trainer=local", "teacher=model", "teacher.server.model=fixture"]) == "teacher=model"
+    assert rows(["env=opd_coding", "teacher=model", "teacher.server.model=fixture", "trainer=local"]) == "teacher=model"
 
 
 def test_a_teacher_term_with_nothing_to_read_is_refused_alone_and_said_beside_pg(caplog: pytest.LogCaptureFixture) -> None:
-    from opd.train.teacher_terms import check_loss_weights
+    from opd.teachers import teacher_of
+    from opd.train.teacher_terms import check_loss_weights as check_weights
+
+    def check_loss_weights(cfg: Any) -> None:  # against the rows its teacher writes
+        check_weights(cfg, teacher_of(cfg).rows())
 
     with pytest.raises(ConfigError, match="trainer.loss: opd_advantage=1 needs teacher rows and env=inline_math without a teacher writes none") as info:
         check_loss_weights(validate(compose(["arm=opd"])))

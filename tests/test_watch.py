@@ -74,7 +74,8 @@ def test_a_dead_teacher_server_is_restarted_by_its_own_watch_and_the_trainers_ho
 
 def test_the_teachers_watch_restarts_its_own_local_server_waits_for_a_running_one_and_leaves_a_shared_one_to_the_policy(tmp_path) -> None:
     from conftest import compose
-    from opd.build import TeacherServer, resolve_model
+    from opd.build import resolve_model
+    from opd.serving.lifecycle import TeacherServer
     from opd.config import validate
 
     student, teacher = resolve_model("fixture"), resolve_model("fixture_teacher")

@@ -142,7 +142,7 @@ async def workers_cpu_s(workers: list[Any]) -> float:
 def embedded_vllm(workdir: Path, overrides: list[str] | None = None) -> Any:
     """The embedded vLLM server on the fixture model (not started; a context manager), as a run
     with these `overrides` starts it (with trainer=local: dev routes and an untied copy)."""
-    from opd.build import local_server
+    from opd.serving.lifecycle import local_server
     from opd.fixture.build import ensure_fixture
 
     cfg = compose(["server.startup_timeout_s=600", *(overrides or [])])

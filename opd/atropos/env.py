@@ -34,6 +34,7 @@ from opd import build
 from opd.cli import fail, user_error
 from opd.config import Config, ConfigError, compose, validate
 from opd.serving.pool import ServerPool
+from opd.teachers import ModelTeacher, teacher_of
 from opd.tracking.traces import Tracer
 
 logger = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class AtroposEntry:
         local directory, a cached hub model or one the hub gives now; an unreachable hub fails in
         seconds, not after transformers' retries), `--env.opd_overrides` composed and checked,
         every server answering and serving `--openai.model_name`, and the run's own checks
-        (`opd.build.preflight`). A ConfigError naming the option otherwise."""
+        (`opd.build.preflight`, the loss against the teacher's rows: opd.teachers). A ConfigError naming the option otherwise."""
         from opd.serving.model_lookup import find_model
         from opd.serving.watch import check_servers
 
@@ -143,6 +144,7 @@ class AtroposEntry:
         for server in servers:
             check_servers([server.base_url], server.model_name, "--openai.base_url", "--openai.model_name")
         build.preflight(cfg, config.tokenizer_name)
+        teacher_of(cfg).check_loss()  # teacher=model's own checks: `_teacher`, on its running server
         return cfg
 
     @classmethod
@@ -211,7 +213,7 @@ class AtroposEntry:
             raise ConfigError("teacher.server.base_url: under atroposlib's commands teacher=model scores on a running server: "
                               "teacher.server.base_url=http://HOST:PORT/v1 (python -m experiments.launch also starts one itself)",
                               "teacher.server.base_url")
-        teacher = build.teacher_preflight(cfg, tokenizer)
+        teacher = ModelTeacher(cfg).check(tokenizer)
         return build.teacher_model(cfg, teacher, [cfg.teacher.server.base_url], Tracer.off())
 
     async def collect_trajectories(self, item: Any) -> tuple[Any, list]:

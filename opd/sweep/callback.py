@@ -156,7 +156,8 @@ class SweepCallback(Callback):
                     view_link(ui_base(uri), experiment_id, run.info.run_id))
 
     def _start_server(self, typed: Any, state: SweepState) -> None:
-        from opd.build import local_server, resolve_model
+        from opd.build import resolve_model
+        from opd.serving.lifecycle import local_server
 
         self.server = local_server(typed, resolve_model(typed.server.model), Path(state.sweep_dir) / "vllm")
         state.server_urls = [self.server.start()]
@@ -178,7 +179,8 @@ class SweepCallback(Callback):
     def _start_teacher_server(self, typed: Any, state: SweepState) -> None:
         """teacher=model's server for every job: the teacher's weights never change, so jobs that
         train the policy one after another share it as they share the policy's."""
-        from opd.build import local_teacher_server, resolve_model
+        from opd.build import resolve_model
+        from opd.serving.lifecycle import local_teacher_server
         from opd.sweep.state import teacher_server_settings
 
         teacher = resolve_model(typed.teacher.server.model, "teacher.server.model")

@@ -1,4 +1,5 @@
-"""Which `trainer.loss` terms learn only from teacher rows, and whether a run writes any.
+"""Which `trainer.loss` terms learn only from teacher rows, and the check that a run writes some
+for them (whether it does is its teacher's to say: `rows()` in opd.teachers).
 
 A loss whose every weighted term needs teacher rows trains nothing in a run whose records carry
 none (inline_math without a teacher and `pg=0`): `check_loss_weights` refuses it before any server
@@ -23,24 +24,13 @@ def teacher_terms() -> list[str]:
     return [entry.name for entry in losses.LOSS_TERMS.where(needs_teacher=True)]
 
 
-def teacher_source(cfg: Any) -> str | None:
-    """What writes teacher rows into this run's records, in the config's words (`teacher=model`,
-    `teacher=self_hint (env.opd.enabled)`); None when nothing does."""
-    kind = getattr(getattr(cfg, "teacher", None), "kind", "none")
-    if kind == "model":
-        return "teacher=model"
-    # The self-hint teacher scores only turns the judge hinted, and the judge runs only when enabled.
-    if kind == "self_hint" and getattr(getattr(cfg.env, "opd", None), "enabled", False):
-        return "teacher=self_hint (env.opd.enabled)"
-    return None
-
-
-def check_loss_weights(cfg: Any) -> None:
+def check_loss_weights(cfg: Any, source: str | None) -> None:
     """Refuse (ConfigError naming `trainer.loss`) a loss that would train nothing: every non-zero
-    weight on a term that needs teacher rows where nothing writes them (all weights 0 fail earlier,
-    in the schema)."""
+    weight on a term that needs teacher rows where nothing writes them (`source`: what writes this
+    run's teacher rows, the teacher's `rows()` in opd.teachers; None: nothing). All weights 0 fail
+    earlier, in the schema."""
     weights = {name: float(weight) for name, weight in cfg.trainer.loss.items() if weight}
-    if teacher_source(cfg) is not None:
+    if source is not None:
         return
     idle = sorted(set(weights) & set(teacher_terms()))
     given = ", ".join(f"{name}={weights[name]:g}" for name in idle)

@@ -1,0 +1,183 @@
+"""The teacher, a component: one class per kind (`none`, `self_hint`, `model`), registered in
+`TEACHERS` under the name `teacher.kind` selects it by (conf/teacher/<kind>.yaml).
+
+A kind says
+- `rows()`: what writes teacher rows into this run's records, in the config's words (None: nothing
+  does); the loss terms that need them are checked against it before any server starts;
+- `preflight(model)`: what it checks before any server starts (every kind: that the weighted loss
+  terms have rows to read; teacher=model: its model, tokenizer, top-K and running server);
+- `serve(model, workdir, sweep)`: a context manager, entered before the policy's servers start:
+  its own server (teacher=model: started beside the policy's, always stopped), yielding the
+  `TeacherRun` the experiment reads: the scorer the environment gets, the watch of its server, the
+  evaluation's ceiling and what environment workers need.
+A kind of yours is a `Teacher` subclass registered with `@TEACHERS.register("name")`; run_experiment
+reads only this interface. A name `teacher.kind` gives that is not registered is a ConfigError
+naming `teacher`, with the nearest name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+from opd import build
+from opd.config import Config, ConfigError
+from opd.data.sources import TaskSet
+from opd.registry import Registry
+from opd.serving.lifecycle import TeacherServer, teacher_evaluated
+from opd.serving.watch import ServerWatch
+from opd.sweep.state import SweepState, shared_teacher_for
+from opd.tracking.traces import Tracer
+from opd.train.teacher_terms import check_loss_weights
+
+logger = logging.getLogger(__name__)
+
+
+class TeacherRun:
+    """A teacher's side of one run, once its server (if any) is starting: no teacher here."""
+
+    # The watch of the teacher's own server (None: it has none, or the policy's watch covers it).
+    watch: ServerWatch | None = None
+
+    def scorer(self, policy_urls: list[str], tracer: Tracer) -> Any:
+        """What scores the environment's rollouts (given to it as `teacher`); None: the env's own
+        stage writes whatever rows there are (self_hint), or none."""
+        return None
+
+    def ceiling(self, data: TaskSet, cache_dir: Path | None) -> Any:
+        """The evaluation's ceiling (opd.sinks.evaluation.Ceiling), None where it evaluates none."""
+        return None
+
+    def for_workers(self) -> tuple[str, list[str]] | None:
+        """What each environment worker builds its scorer from (opd.distributed.worker), or None."""
+        return None
+
+
+class Teacher:
+    """One kind of teacher over a run's config; this base is teacher=none's."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def rows(self) -> str | None:
+        """What writes teacher rows into this run's records (None: nothing)."""
+        return None
+
+    def preflight(self, model: str) -> None:
+        """Checks before any server starts (`model`: the student's): this base's `check_loss`."""
+        self.check_loss()
+
+    def check_loss(self) -> None:
+        """trainer=local's weighted loss terms against the rows this teacher writes (a ConfigError
+        naming `trainer.loss` where they would train nothing)."""
+        if self.cfg.trainer.kind == "local":
+            check_loss_weights(self.cfg, self.rows())
+
+    @contextlib.contextmanager
+    def serve(self, model: str, workdir: Path, sweep: SweepState | None = None) -> Iterator[TeacherRun]:
+        """Its server for the run's length (`workdir`: a local server's log and caches; `sweep`:
+        the running sweep, whose shared teacher server is used when it matches)."""
+        yield TeacherRun()
+
+
+TEACHERS: Registry[type[Teacher]] = Registry("teacher", "teacher")
+
+
+@TEACHERS.register("none")
+class NoTeacher(Teacher):
+    """teacher=none: plain RL data, no teacher rows."""
+
+
+@TEACHERS.register("self_hint")
+class SelfHintTeacher(Teacher):
+    """teacher=self_hint: the policy's own server, given the judge's hindsight hint, scores the
+    hinted turns; the env's own stage (opd_coding) writes those rows, only while its judge runs."""
+
+    def rows(self) -> str | None:
+        # The self-hint teacher scores only turns the judge hinted, and the judge runs only when enabled.
+        return "teacher=self_hint (env.opd.enabled)" if getattr(getattr(self.cfg.env, "opd", None), "enabled", False) else None
+
+
+@TEACHERS.register("model")
+class ModelTeacher(Teacher):
+    """teacher=model: a model of the student's tokenizer scores every sampled token of every
+    rollout, on its own server (or the policy's, when it is the same model and not refreshed)."""
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        # The teacher's model directory (or running server's model name), once checked.
+        self.model: str | None = None
+
+    def rows(self) -> str | None:
+        return "teacher=model"
+
+    def preflight(self, model: str) -> None:
+        """mode=evaluate measures the policy alone (no teacher checked or served); otherwise
+        `check(model)`."""
+        super().preflight(model)
+        if self.cfg.mode == "evaluate":
+            logger.info("mode=evaluate measures the policy alone: teacher=model's server is not started")
+            return
+        self.model = self.check(model)
+
+    def check(self, model: str) -> str:
+        """The teacher's model found (the returned directory or name), its running server answering
+        and serving it, top-K within its vocabulary, and its tokenizer the student's (`model`:
+        vocabulary, special tokens; the chat template when it renders a hinted context): a
+        mismatch fails with one line naming both models."""
+        from opd.distill.teacher_model import check_tokenizers
+        from opd.serving.watch import check_servers
+
+        cfg = self.cfg
+        name = cfg.teacher.server.model
+        teacher = build.resolve_model(name, "teacher.server.model")
+        vocab = build.vocabulary_size(teacher)
+        if vocab is not None and cfg.teacher.topk > vocab:
+            raise ConfigError(f"teacher.topk must be <= the teacher's vocabulary ({vocab} tokens, {teacher}), got {cfg.teacher.topk}", "teacher.topk")
+        check_tokenizers(model, teacher, cfg.server.model, name, compare_template=cfg.teacher.hint)
+        if cfg.teacher.server.base_url is not None:
+            check_servers([cfg.teacher.server.base_url], teacher if name in build.PROJECT_MODELS else name, "teacher.server.base_url", "teacher.server.model")
+        return teacher
+
+    @contextlib.contextmanager
+    def serve(self, model: str, workdir: Path, sweep: SweepState | None = None) -> Iterator[TeacherRun]:
+        if self.model is None:  # mode=evaluate (or never checked): no teacher in this run
+            yield TeacherRun()
+            return
+        with TeacherServer(self.cfg, model, self.model, workdir, shared_teacher_for(sweep, self.cfg, self.model)) as server:
+            yield ModelTeacherRun(self.cfg, self.model, server)
+
+
+class ModelTeacherRun(TeacherRun):
+    """teacher=model's side of a run: its server's URLs (waited for when the scorer is built)."""
+
+    def __init__(self, cfg: Config, model: str, server: TeacherServer) -> None:
+        self.cfg, self.model, self.server = cfg, model, server
+        self.urls: list[str] = []
+
+    def scorer(self, policy_urls: list[str], tracer: Tracer) -> Any:
+        self.urls = self.server.urls(policy_urls)
+        self.watch = self.server.watch()
+        return build.teacher_model(self.cfg, self.model, self.urls, tracer)
+
+    def ceiling(self, data: TaskSet, cache_dir: Path | None) -> Any:
+        """The evaluation's ceiling (`eval.teacher`): the configured environment generating with
+        the teacher (over its own pool, no teacher of its own, no traces), its evaluation kept in
+        `cache_dir` (a sweep's directory) for the other runs that evaluate the same teacher."""
+        if not teacher_evaluated(self.cfg):
+            return None
+        from opd.sinks.evaluation import Ceiling
+
+        pool = build.teacher_pool(self.cfg, self.model, self.urls)
+        return Ceiling(build.environment(self.cfg, data, self.model, pool, Tracer.off(), untaught=True), self.model, cache_dir)
+
+    def for_workers(self) -> tuple[str, list[str]] | None:
+        return (self.model, self.urls) if self.urls else None
+
+
+def teacher_of(cfg: Any) -> Teacher:
+    """The configured kind of teacher over `cfg` (a ConfigError naming `teacher` when no kind of
+    that name is registered)."""
+    return TEACHERS.get(cfg.teacher.kind)(cfg)
