@@ -252,11 +252,13 @@ def test_values_past_the_columns_or_floats_are_named_skips_and_the_rest_is_writt
     ]
     assert "teacher_logprobs" in check_group(positive)[0] and "<= 0" in check_group(positive)[0]
     mixed = tmp_path / "mixed.jsonl"
-    mixed.write_text("\n".join([good[0], json.dumps(huge_version), json.dumps(huge_score), json.dumps(positive), good[1]]) + "\n")
+    surrogate = json.loads(good[1])
+    surrogate["group_overrides"]["env"] = "x\ud800"  # valid JSON text, valid to the rules, no UTF-8 for the columns
+    mixed.write_text("\n".join([good[0], json.dumps(huge_version), json.dumps(huge_score), json.dumps(positive), good[1], json.dumps(surrogate)]) + "\n")
     assert main(["check", str(mixed)]) == 1
     caplog.clear()
     assert main(["export", str(mixed), "--format", fmt, "--out", str(tmp_path / "out")]) == 1
-    for line in (2, 3, 4):
+    for line in (2, 3, 4, 6):
         assert re.search(rf"mixed\.jsonl: line {line}: .*skipped", caplog.text), line
     data = datasets.load_dataset("parquet" if fmt == "parquet" else "json", data_dir=str(tmp_path / "out"), split="train")
     assert len(data) == 3

@@ -389,10 +389,10 @@ def _write(handle: IO[bytes], source: Path, target: Path, fmt: str, model: str |
             for number, group in _groups(handle, is_gzip(source), limits, result.skipped):
                 try:
                     rows = rows_of_group(group, result.groups, model)
+                    writer.write(rows)  # a group the columns (or JSON) cannot hold is refused whole, before a byte of it is written
                 except ValueError as err:
                     result.skipped.append(f"line {number}: {console(str(err))}")
                     continue
-                writer.write(rows)
                 result.groups += 1
                 result.rows += len(rows)
         finally:

@@ -302,7 +302,7 @@ def digest(value: Any) -> bytes:
     spacing in the file (duplicate groups)."""
     try:
         canonical = msgspec.json.encode(value, order="sorted")
-    except (TypeError, OverflowError, msgspec.EncodeError):
+    except (TypeError, OverflowError, UnicodeEncodeError, msgspec.EncodeError):  # a lone surrogate: UnicodeEncodeError
         canonical = json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8", "surrogatepass")
     return hashlib.blake2b(canonical, digest_size=16).digest()
 
