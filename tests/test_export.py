@@ -310,3 +310,19 @@ def test_the_parquet_sink_exports_the_runs_file_when_it_ends(run_dir: Path, tmp_
     data = datasets.load_dataset("parquet", data_dir=str(tmp_path / "dataset"), split="train")
     assert len(data) == 3 and set(data["model"]) == {MODEL}
     assert sink.summary() == {"summary/parquet_rows": 3.0}
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_scores_near_float64s_largest_export_finite_advantages(run_dir: Path, tmp_path: Path, fmt: str) -> None:
+    # Valid, finite scores whose mean's sum or std's squares overflow float64: each group's
+    # advantages are finite, the better rollout's positive, in either format.
+    math = recorded(run_dir)[1]
+    lines = []
+    for scores in ([1e308, 1e308 - 1e292], [1.7e308, -1.7e308], [-1e-300, 1e308]):
+        group = {**math, "scores": scores}
+        assert check_group(group) == []
+        lines.append(json.dumps(group))
+    (tmp_path / "huge.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["export", str(tmp_path / "huge.jsonl"), "--format", fmt, "--out", str(tmp_path / "out")]) == 0
+    rows = by_group(datasets.load_dataset("parquet" if fmt == "parquet" else "json", data_dir=str(tmp_path / "out"), split="train").to_list())
+    assert [[r["advantage"] for r in group] for group in rows] == [pytest.approx([1.0, -1.0], abs=1e-12)] * 2 + [pytest.approx([-1.0, 1.0], abs=1e-12)]
