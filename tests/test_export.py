@@ -326,3 +326,23 @@ def test_scores_near_float64s_largest_export_finite_advantages(run_dir: Path, tm
     assert main(["export", str(tmp_path / "huge.jsonl"), "--format", fmt, "--out", str(tmp_path / "out")]) == 0
     rows = by_group(datasets.load_dataset("parquet" if fmt == "parquet" else "json", data_dir=str(tmp_path / "out"), split="train").to_list())
     assert [[r["advantage"] for r in group] for group in rows] == [pytest.approx([1.0, -1.0], abs=1e-12)] * 2 + [pytest.approx([-1.0, 1.0], abs=1e-12)]
+
+
+def test_a_failed_export_removes_every_directory_it_made_and_no_other(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export.pq.ParquetWriter, "write_table", full)
+    # --out a/b/c where a/ was not there: none of the three is left.
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "a" / "b" / "c")]) == 1
+    assert "No space left on device" in caplog.text and sorted(p.name for p in tmp_path.iterdir()) == []
+    # Below a directory that was there (empty, as the user made it): it stays, what the export made goes.
+    (tmp_path / "mine").mkdir()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "mine" / "b" / "c")]) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"] and list((tmp_path / "mine").iterdir()) == []
+    # An --out that is a file: named, nothing made.
+    (tmp_path / "file").write_text("x")
+    caplog.clear()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "file")]) == 1
+    assert "file is not a directory" in caplog.text and sorted(p.name for p in tmp_path.iterdir()) == ["file", "mine"]

@@ -22,7 +22,6 @@ equal to an earlier one, or one holding something the rows cannot carry is skipp
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -365,21 +364,53 @@ def _export(handle: IO[bytes], source: Path, out_dir: Path, fmt: str, model: str
             raise ExportError(f"{console(str(target))} is the record file itself: choose another --out")
         if not replace:
             raise ExportError(f"{console(str(target))} exists: choose another --out, or --force to replace it")
-    made = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    made = _make_dirs(out_dir)
     result = Exported(None)
     try:
         _write(handle, source, target, fmt, model, limits, result)
     except BaseException:
-        if made:
-            with contextlib.suppress(OSError):
-                out_dir.rmdir()
+        _remove_dirs(made)
         raise
     result.path = target
     if others := sorted(p.name for p in out_dir.iterdir() if p != target and not p.name.startswith((".", "_")) and p.is_file()):
         logger.warning("%s also holds %s: datasets.load_dataset(%r, data_dir=...) reads every file in it", console(str(out_dir)),
                        console(", ".join(others[:3]) + (", ..." if len(others) > 3 else "")), fmt if fmt == "parquet" else "json")
     return result
+
+
+def _make_dirs(out_dir: Path) -> list[Path]:
+    """Make `out_dir` and its missing parents; the directories made here, outermost first (one
+    made meanwhile by someone else is not among them). ExportError when `out_dir` is there but no
+    directory."""
+    missing: list[Path] = []
+    path = out_dir
+    while not os.path.lexists(path) and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    made: list[Path] = []
+    try:
+        for path in reversed(missing):
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                continue
+            made.append(path)
+        if not out_dir.is_dir():
+            raise ExportError(f"{console(str(out_dir))} is not a directory: choose another --out")
+    except BaseException:
+        _remove_dirs(made)
+        raise
+    return made
+
+
+def _remove_dirs(made: list[Path]) -> None:
+    """Remove the directories `_make_dirs` made, deepest first; one that is not empty (someone
+    wrote in it meanwhile) is left, and so are those above it."""
+    for path in reversed(made):
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
 
 
 def _write(handle: IO[bytes], source: Path, target: Path, fmt: str, model: str | None, limits: Limits, result: Exported) -> None:
