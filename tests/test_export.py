@@ -346,3 +346,16 @@ def test_a_failed_export_removes_every_directory_it_made_and_no_other(run_dir: P
     caplog.clear()
     assert main(["export", str(run_dir), "--out", str(tmp_path / "file")]) == 1
     assert "file is not a directory" in caplog.text and sorted(p.name for p in tmp_path.iterdir()) == ["file", "mine"]
+
+
+def test_a_run_directorys_dangling_groups_link_is_refused_not_passed_over_for_the_gz(run_dir: Path, tmp_path: Path,
+                                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import gzip
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "groups.jsonl.gz").write_bytes(gzip.compress((run_dir / "groups.jsonl").read_bytes()))
+    (run / "groups.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    assert export.groups_file(run) == run / "groups.jsonl"
+    assert main(["export", str(run), "--out", str(tmp_path / "out")]) == 1
+    assert re.search(r"run/groups\.jsonl is a symbolic link.*refused", caplog.text) and not (tmp_path / "out").exists()

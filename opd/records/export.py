@@ -308,11 +308,13 @@ class _Jsonl:
 
 
 def groups_file(source: Path) -> Path:
-    """The record file a path names: itself, or a run directory's groups.jsonl (or .jsonl.gz)."""
+    """The record file a path names: itself, or a run directory's groups.jsonl (or .jsonl.gz). A
+    name present as a link, dangling or not, is the one the directory names (and the reader
+    refuses it): a broken groups.jsonl is never passed over for a groups.jsonl.gz beside it."""
     if not source.is_dir():
         return source
     for name in ("groups.jsonl", "groups.jsonl.gz"):
-        if (source / name).exists():
+        if os.path.lexists(source / name):
             return source / name
     raise ExportError(f"{console(str(source))}: a directory without groups.jsonl (or groups.jsonl.gz): not a run directory")
 
