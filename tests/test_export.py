@@ -359,3 +359,39 @@ def test_a_run_directorys_dangling_groups_link_is_refused_not_passed_over_for_th
     assert export.groups_file(run) == run / "groups.jsonl"
     assert main(["export", str(run), "--out", str(tmp_path / "out")]) == 1
     assert re.search(r"run/groups\.jsonl is a symbolic link.*refused", caplog.text) and not (tmp_path / "out").exists()
+
+
+def test_a_file_made_at_the_output_while_the_export_runs_is_never_replaced(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    import errno
+
+    from opd import run_files
+
+    out = tmp_path / "out"
+    out.mkdir()
+    rows_of_group = export.rows_of_group
+
+    def racing(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        # After the refusal's check, before the file is placed: another export writes the name.
+        if not (out / "groups.parquet").exists():
+            (out / "groups.parquet").write_bytes(b"another export's rows")
+        return rows_of_group(*args, **kwargs)
+
+    monkeypatch.setattr(export, "rows_of_group", racing)
+    assert main(["export", str(run_dir), "--out", str(out)]) == 1
+    assert "groups.parquet exists (made while the export ran)" in caplog.text
+    assert [p.name for p in out.iterdir()] == ["groups.parquet"] and (out / "groups.parquet").read_bytes() == b"another export's rows"
+    # --force: replaced, as asked.
+    assert main(["export", str(run_dir), "--out", str(out), "--force"]) == 0
+    assert len(datasets.load_dataset("parquet", data_dir=str(out), split="train")) == 3
+    # A file system without hard links: checked, then renamed (an export still works, and still refuses).
+    def no_links(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(run_files.os, "link", no_links)
+    (out / "groups.parquet").unlink()
+    assert main(["export", str(run_dir), "--out", str(out)]) == 1
+    assert [p.name for p in out.iterdir()] == ["groups.parquet"] and (out / "groups.parquet").read_bytes() == b"another export's rows"
+    monkeypatch.setattr(export, "rows_of_group", rows_of_group)
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "fresh")]) == 0
+    assert [p.name for p in (tmp_path / "fresh").iterdir()] == ["groups.parquet"]

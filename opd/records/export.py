@@ -4,7 +4,8 @@
 run's `parquet` sink (`sinks: [..., parquet]`) both call `export_file`. The file is read with the
 bounded reader (`opd.records.reader`) one line at a time and written in row groups, so neither
 side holds more than one group and one row group; the output appears whole or not at all (written
-under a hidden temporary name, renamed at the end).
+under a hidden temporary name, put in place at the end: without `--force` by a link that refuses
+an existing name, so a file made meanwhile is never replaced).
 
 The columns (`SCHEMA`; docs/records.md says what each holds and how trainers map them): the
 rollout's place (`group_id`, `group_index`, `rollout_index`), its task and provenance (`item_id`,
@@ -369,9 +370,11 @@ def _export(handle: IO[bytes], source: Path, out_dir: Path, fmt: str, model: str
     made = _make_dirs(out_dir)
     result = Exported(None)
     try:
-        _write(handle, source, target, fmt, model, limits, result)
-    except BaseException:
+        _write(handle, source, target, fmt, model, limits, result, replace)
+    except BaseException as err:
         _remove_dirs(made)
+        if isinstance(err, FileExistsError) and not replace and os.path.lexists(target):
+            raise ExportError(f"{console(str(target))} exists (made while the export ran): choose another --out, or --force to replace it") from None
         raise
     result.path = target
     if others := sorted(p.name for p in out_dir.iterdir() if p != target and not p.name.startswith((".", "_")) and p.is_file()):
@@ -415,8 +418,9 @@ def _remove_dirs(made: list[Path]) -> None:
             return
 
 
-def _write(handle: IO[bytes], source: Path, target: Path, fmt: str, model: str | None, limits: Limits, result: Exported) -> None:
-    with replacing(target) as out:
+def _write(handle: IO[bytes], source: Path, target: Path, fmt: str, model: str | None, limits: Limits, result: Exported,
+           replace: bool) -> None:
+    with replacing(target, replace=replace) as out:  # without replace, never over a file there, not even one made meanwhile
         writer = _Parquet(out) if fmt == "parquet" else _Jsonl(out)
         try:
             for number, group in _groups(handle, is_gzip(source), limits, result.skipped):
