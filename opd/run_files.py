@@ -139,10 +139,12 @@ def replace_file(path: str | os.PathLike[str], data: bytes | str, *, fsync: bool
 
 
 @contextlib.contextmanager
-def replacing(path: str | os.PathLike[str], *, fsync: bool = False) -> Iterator[IO[bytes]]:
+def replacing(path: str | os.PathLike[str], *, fsync: bool = False, replace: bool = True) -> Iterator[IO[bytes]]:
     """`replace_file` for content written in pieces: a binary file at a fresh hidden temporary
     name beside `path` (`.NAME.*.tmp`), renamed over `path` when the block ends, removed if it
-    raises."""
+    raises. `replace=False`: a `path` that exists when the block ends, even one made while it ran,
+    is left as it is (FileExistsError): the file is placed by `link`, which refuses an existing
+    name atomically (a rename would replace it)."""
     path = Path(path)
     check_name(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL | O_NOFOLLOW
@@ -153,10 +155,29 @@ def replacing(path: str | os.PathLike[str], *, fsync: bool = False) -> Iterator[
                 out.flush()
                 os.fsync(out.fileno())
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _place_new(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _place_new(tmp: str, path: Path) -> None:
+    """Give the file `tmp` the name `path` unless that name exists (FileExistsError); `tmp` is then
+    gone. On a file system without hard links, checked and renamed (a name made between the two
+    is replaced: the one case that is not atomic)."""
+    try:
+        os.link(tmp, path)
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(path)) from None
+        os.rename(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 def make_dir(path: str | os.PathLike[str]) -> Path:

@@ -310,3 +310,88 @@ def test_the_parquet_sink_exports_the_runs_file_when_it_ends(run_dir: Path, tmp_
     data = datasets.load_dataset("parquet", data_dir=str(tmp_path / "dataset"), split="train")
     assert len(data) == 3 and set(data["model"]) == {MODEL}
     assert sink.summary() == {"summary/parquet_rows": 3.0}
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_scores_near_float64s_largest_export_finite_advantages(run_dir: Path, tmp_path: Path, fmt: str) -> None:
+    # Valid, finite scores whose mean's sum or std's squares overflow float64: each group's
+    # advantages are finite, the better rollout's positive, in either format.
+    math = recorded(run_dir)[1]
+    lines = []
+    for scores in ([1e308, 1e308 - 1e292], [1.7e308, -1.7e308], [-1e-300, 1e308]):
+        group = {**math, "scores": scores}
+        assert check_group(group) == []
+        lines.append(json.dumps(group))
+    (tmp_path / "huge.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["export", str(tmp_path / "huge.jsonl"), "--format", fmt, "--out", str(tmp_path / "out")]) == 0
+    rows = by_group(datasets.load_dataset("parquet" if fmt == "parquet" else "json", data_dir=str(tmp_path / "out"), split="train").to_list())
+    assert [[r["advantage"] for r in group] for group in rows] == [pytest.approx([1.0, -1.0], abs=1e-12)] * 2 + [pytest.approx([-1.0, 1.0], abs=1e-12)]
+
+
+def test_a_failed_export_removes_every_directory_it_made_and_no_other(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export.pq.ParquetWriter, "write_table", full)
+    # --out a/b/c where a/ was not there: none of the three is left.
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "a" / "b" / "c")]) == 1
+    assert "No space left on device" in caplog.text and sorted(p.name for p in tmp_path.iterdir()) == []
+    # Below a directory that was there (empty, as the user made it): it stays, what the export made goes.
+    (tmp_path / "mine").mkdir()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "mine" / "b" / "c")]) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"] and list((tmp_path / "mine").iterdir()) == []
+    # An --out that is a file: named, nothing made.
+    (tmp_path / "file").write_text("x")
+    caplog.clear()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "file")]) == 1
+    assert "file is not a directory" in caplog.text and sorted(p.name for p in tmp_path.iterdir()) == ["file", "mine"]
+
+
+def test_a_run_directorys_dangling_groups_link_is_refused_not_passed_over_for_the_gz(run_dir: Path, tmp_path: Path,
+                                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import gzip
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "groups.jsonl.gz").write_bytes(gzip.compress((run_dir / "groups.jsonl").read_bytes()))
+    (run / "groups.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    assert export.groups_file(run) == run / "groups.jsonl"
+    assert main(["export", str(run), "--out", str(tmp_path / "out")]) == 1
+    assert re.search(r"run/groups\.jsonl is a symbolic link.*refused", caplog.text) and not (tmp_path / "out").exists()
+
+
+def test_a_file_made_at_the_output_while_the_export_runs_is_never_replaced(run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    import errno
+
+    from opd import run_files
+
+    out = tmp_path / "out"
+    out.mkdir()
+    rows_of_group = export.rows_of_group
+
+    def racing(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        # After the refusal's check, before the file is placed: another export writes the name.
+        if not (out / "groups.parquet").exists():
+            (out / "groups.parquet").write_bytes(b"another export's rows")
+        return rows_of_group(*args, **kwargs)
+
+    monkeypatch.setattr(export, "rows_of_group", racing)
+    assert main(["export", str(run_dir), "--out", str(out)]) == 1
+    assert "groups.parquet exists (made while the export ran)" in caplog.text
+    assert [p.name for p in out.iterdir()] == ["groups.parquet"] and (out / "groups.parquet").read_bytes() == b"another export's rows"
+    # --force: replaced, as asked.
+    assert main(["export", str(run_dir), "--out", str(out), "--force"]) == 0
+    assert len(datasets.load_dataset("parquet", data_dir=str(out), split="train")) == 3
+    # A file system without hard links: checked, then renamed (an export still works, and still refuses).
+    def no_links(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(run_files.os, "link", no_links)
+    (out / "groups.parquet").unlink()
+    assert main(["export", str(run_dir), "--out", str(out)]) == 1
+    assert [p.name for p in out.iterdir()] == ["groups.parquet"] and (out / "groups.parquet").read_bytes() == b"another export's rows"
+    monkeypatch.setattr(export, "rows_of_group", rows_of_group)
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "fresh")]) == 0
+    assert [p.name for p in (tmp_path / "fresh").iterdir()] == ["groups.parquet"]

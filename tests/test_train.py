@@ -46,6 +46,38 @@ def test_advantages_are_normalised_within_each_group_and_zero_when_all_equal() -
     assert batch.advantages.tolist()[2:] == [0.0, 0.0] and batch.tokens.shape == (4, 9)
 
 
+def test_advantages_are_finite_and_ordered_for_any_finite_scores() -> None:
+    """Scores near float64's largest: the mean's sum and the std's squares overflow in float64;
+    computed as (score - mean) / (std + eps) they still are."""
+    from opd.train.batch import group_advantages, make_batch
+
+    # Two scores an ulp apart near the largest float; the largest and its negative.
+    for scores in ([1e308, 1e308 - 1e292], [1.7e308, -1.7e308]):
+        assert scores[0] > scores[1]
+        assert group_advantages(scores) == pytest.approx([1.0, -1.0], abs=1e-12), scores
+    three = group_advantages([1.7e308, -1.7e308, -1.7e308])
+    assert three == pytest.approx([2**0.5, -(0.5**0.5), -(0.5**0.5)], abs=1e-12)
+    # Huge, tiny and subnormal together: finite, in the scores' order.
+    mixed = [1e308, 1.0, 5e-324, -1e-300, -1.7e308]
+    advantages = group_advantages(mixed)
+    assert all(math.isfinite(a) for a in advantages) and advantages[0] > advantages[1] > 0 > advantages[-1]
+    assert sum(advantages) == pytest.approx(0.0, abs=1e-12)
+    # Below eps in std (in the scores' own units): zeros, as for equal scores; just above it, not.
+    assert group_advantages([5e-7, 0.0]) == [0.0, 0.0] and group_advantages([1e-300, 0.0]) == [0.0, 0.0]
+    assert group_advantages([2.1e-6, 0.0]) == pytest.approx([1.05 / 2.05, -1.05 / 2.05], rel=1e-9)
+    # Ordinary scores: (score - mean) / (std + eps), in float64 as before.
+    rng = random.Random(0)
+    for scores in ([0.0, 1.0], [1.0, 0.0, 0.0, 1.0, 1.0], [0.7, 0.5, -1.0, 0.25], [rng.uniform(-10, 10) for _ in range(64)]):
+        t = torch.tensor(scores, dtype=torch.float64)
+        expected = ((t - t.mean()) / (t.std(unbiased=False) + 1e-6)).tolist()
+        assert group_advantages(scores) == pytest.approx(expected, abs=1e-12, rel=0)
+    with pytest.raises(ValueError, match=r"scores\[1\] is not a finite number"):
+        group_advantages([0.0, float("nan")])
+    # The trainer's batch reads the same advantages.
+    batch = make_batch([recorded_group([1e308, 1e308 - 1e292])])
+    assert batch.advantages.tolist() == pytest.approx([1.0, -1.0], abs=1e-6)
+
+
 def test_only_trained_positions_count_and_pads_are_never_read() -> None:
     from opd.train.batch import make_batch
     from opd.train.losses import terms

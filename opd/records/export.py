@@ -4,7 +4,8 @@
 run's `parquet` sink (`sinks: [..., parquet]`) both call `export_file`. The file is read with the
 bounded reader (`opd.records.reader`) one line at a time and written in row groups, so neither
 side holds more than one group and one row group; the output appears whole or not at all (written
-under a hidden temporary name, renamed at the end).
+under a hidden temporary name, put in place at the end: without `--force` by a link that refuses
+an existing name, so a file made meanwhile is never replaced).
 
 The columns (`SCHEMA`; docs/records.md says what each holds and how trainers map them): the
 rollout's place (`group_id`, `group_index`, `rollout_index`), its task and provenance (`item_id`,
@@ -22,7 +23,6 @@ equal to an earlier one, or one holding something the rows cannot carry is skipp
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -309,11 +309,13 @@ class _Jsonl:
 
 
 def groups_file(source: Path) -> Path:
-    """The record file a path names: itself, or a run directory's groups.jsonl (or .jsonl.gz)."""
+    """The record file a path names: itself, or a run directory's groups.jsonl (or .jsonl.gz). A
+    name present as a link, dangling or not, is the one the directory names (and the reader
+    refuses it): a broken groups.jsonl is never passed over for a groups.jsonl.gz beside it."""
     if not source.is_dir():
         return source
     for name in ("groups.jsonl", "groups.jsonl.gz"):
-        if (source / name).exists():
+        if os.path.lexists(source / name):
             return source / name
     raise ExportError(f"{console(str(source))}: a directory without groups.jsonl (or groups.jsonl.gz): not a run directory")
 
@@ -365,15 +367,14 @@ def _export(handle: IO[bytes], source: Path, out_dir: Path, fmt: str, model: str
             raise ExportError(f"{console(str(target))} is the record file itself: choose another --out")
         if not replace:
             raise ExportError(f"{console(str(target))} exists: choose another --out, or --force to replace it")
-    made = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    made = _make_dirs(out_dir)
     result = Exported(None)
     try:
-        _write(handle, source, target, fmt, model, limits, result)
-    except BaseException:
-        if made:
-            with contextlib.suppress(OSError):
-                out_dir.rmdir()
+        _write(handle, source, target, fmt, model, limits, result, replace)
+    except BaseException as err:
+        _remove_dirs(made)
+        if isinstance(err, FileExistsError) and not replace and os.path.lexists(target):
+            raise ExportError(f"{console(str(target))} exists (made while the export ran): choose another --out, or --force to replace it") from None
         raise
     result.path = target
     if others := sorted(p.name for p in out_dir.iterdir() if p != target and not p.name.startswith((".", "_")) and p.is_file()):
@@ -382,8 +383,44 @@ def _export(handle: IO[bytes], source: Path, out_dir: Path, fmt: str, model: str
     return result
 
 
-def _write(handle: IO[bytes], source: Path, target: Path, fmt: str, model: str | None, limits: Limits, result: Exported) -> None:
-    with replacing(target) as out:
+def _make_dirs(out_dir: Path) -> list[Path]:
+    """Make `out_dir` and its missing parents; the directories made here, outermost first (one
+    made meanwhile by someone else is not among them). ExportError when `out_dir` is there but no
+    directory."""
+    missing: list[Path] = []
+    path = out_dir
+    while not os.path.lexists(path) and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    made: list[Path] = []
+    try:
+        for path in reversed(missing):
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                continue
+            made.append(path)
+        if not out_dir.is_dir():
+            raise ExportError(f"{console(str(out_dir))} is not a directory: choose another --out")
+    except BaseException:
+        _remove_dirs(made)
+        raise
+    return made
+
+
+def _remove_dirs(made: list[Path]) -> None:
+    """Remove the directories `_make_dirs` made, deepest first; one that is not empty (someone
+    wrote in it meanwhile) is left, and so are those above it."""
+    for path in reversed(made):
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+
+
+def _write(handle: IO[bytes], source: Path, target: Path, fmt: str, model: str | None, limits: Limits, result: Exported,
+           replace: bool) -> None:
+    with replacing(target, replace=replace) as out:  # without replace, never over a file there, not even one made meanwhile
         writer = _Parquet(out) if fmt == "parquet" else _Jsonl(out)
         try:
             for number, group in _groups(handle, is_gzip(source), limits, result.skipped):

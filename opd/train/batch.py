@@ -15,6 +15,7 @@ Position p's token is predicted from positions < p: the loss reads logits at p -
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,12 +43,35 @@ class Batch:
 
 
 def group_advantages(scores: list[float], eps: float = 1e-6) -> list[float]:
-    """(score - mean) / (std + eps) within one group; zeros when every score is the same."""
-    t = torch.tensor(scores, dtype=torch.float64)
-    std = t.std(unbiased=False)
-    if float(std) < eps:
-        return [0.0] * len(scores)
-    return ((t - t.mean()) / (std + eps)).tolist()
+    """(score - mean) / (std + eps) within one group (std over the group, not the sample); zeros
+    when std < eps (every score the same, or as good as). Finite for any finite scores, up to
+    float64's largest: the deviations from the mean are exact (integers: every float is one times
+    a power of two), and the std is taken of the deviations divided by the largest of them, in
+    [-1, 1], so no step overflows, underflows to a false zero, or loses the difference of two
+    scores an ulp apart. ValueError for a score that is not a finite number."""
+    values = [float(s) for s in scores]
+    if (bad := next((i for i, v in enumerate(values) if not math.isfinite(v)), None)) is not None:
+        raise ValueError(f"scores[{bad}] is not a finite number: {values[bad]!r}")
+    if not values:
+        return []
+    n = len(values)
+    ratios = [v.as_integer_ratio() for v in values]  # denominators are powers of two
+    shift = max(den.bit_length() for _, den in ratios) - 1
+    scaled = [num << (shift - den.bit_length() + 1) for num, den in ratios]  # score * 2**shift, exact
+    total = sum(scaled)
+    deviations = [n * x - total for x in scaled]  # (score - mean) * n * 2**shift, exact
+    largest = max(map(abs, deviations))
+    if largest == 0:
+        return [0.0] * n
+    normed = [d / largest for d in deviations]  # int / int: correctly rounded, in [-1, 1]
+    spread = math.sqrt(math.fsum(u * u for u in normed) / n)  # std / largest deviation, in [1/sqrt(n), 1]
+    # std = largest * spread / (n * 2**shift); compared with eps, and eps on the same scale, in integers.
+    eps_num, eps_den = float(eps).as_integer_ratio()
+    spread_num, spread_den = spread.as_integer_ratio()
+    if largest * spread_num * eps_den < eps_num * spread_den * (n << shift):
+        return [0.0] * n
+    scaled_eps = (eps_num * (n << shift)) / (eps_den * largest)  # <= 1 here (largest deviation >= std >= eps)
+    return [u / (spread + scaled_eps) for u in normed]
 
 
 def equal_scores(group: dict[str, Any]) -> bool:
