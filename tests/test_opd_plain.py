@@ -1,0 +1,159 @@
+"""The plain-PyTorch OPD experiment (experiments/opd_plain/): its tools answer as Python would and
+never run anything else, its decoder's KV cache and forced tool responses give the same logprobs
+as one full forward pass, one training step of each arm runs, and the report's gap closed and
+reverse-KL change are what the evaluations say."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from experiments.opd_plain import report
+from experiments.opd_plain.bundle import make_bundle
+from experiments.opd_plain.loop import ARMS, Row, kl_terms, load, loss_of, padded, run_arm, token_logprobs
+from experiments.opd_plain.tools import answer_call, run_python
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Programs of the kinds the fixture writes (the inline_math problems' expressions).
+PROGRAMS = [
+    "print(31 ** 22)",
+    "print(sum(k * k for k in (1, 2, 3)))",
+    "print(len(str(12345)))",
+    "print(sum(range(1, 7 + 1)))",
+    "print(125 // 11)\nprint(7 % 2, 3 - 10)",
+    "print(sum([x for x in range(10) if x % 3 == 0]))",
+    "print(7 / 2)",
+]
+
+
+@pytest.mark.parametrize("code", PROGRAMS)
+def test_the_python_tool_prints_what_python_prints(code: str) -> None:
+    expected = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert run_python(code) == {"stdout": expected, "stderr": "", "exit_code": 0}
+
+
+@pytest.mark.parametrize("code", [
+    "import os\nprint(os.getcwd())",
+    "print(open('/etc/passwd').read())",
+    "print(__import__('os').system('touch /tmp/opd-plain-ran'))",
+    "print((1).__class__)",
+    "x = 1\nprint(x)",
+])
+def test_the_python_tool_never_runs_anything_else(code: str) -> None:
+    result = run_python(code)
+    assert result["exit_code"] == 1 and result["stdout"] == "" and result["stderr"]
+    assert not Path("/tmp/opd-plain-ran").exists()
+
+
+@pytest.mark.parametrize("code", ["print(10 ** 10 ** 10)", "print(sum(range(10 ** 12)))", "print(len(str(9 ** 128 * 9 ** 128)))"])
+def test_the_python_tool_refuses_unbounded_work_at_once(code: str) -> None:
+    started = time.process_time()
+    result = run_python(code)
+    assert result["exit_code"] == 1 and time.process_time() - started < 1.0
+
+
+def test_calls_are_answered_like_the_env_answers_them() -> None:
+    assert answer_call('{"name": "calculator", "arguments": {"expr": "(2 + 3) * 4"}}') == {"value": 20}
+    assert answer_call('{"name": "python_interpreter", "arguments": {"code": "print(32 ** 2)"}}')["stdout"] == "1024\n"
+    assert answer_call('{"name": "calculator", "arguments": {"expr": "1 +"}}').keys() == {"error"}
+    assert answer_call('{"name": "python_interpreter", "arguments": {"035 + 9"}}') == {
+        "error": "tool call is not valid JSON: Expecting ':' delimiter (a hermes tool call)"}
+    assert "error" in answer_call('{"name": "shell", "arguments": {"cmd": "ls"}}')
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The experiment's items and prompts from the project's env, with a short generation budget."""
+    data = make_bundle()
+    data["limits"]["max_new_tokens"] = 48
+    path = tmp_path_factory.mktemp("plain") / "bundle.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_bundle_holds_the_envs_split_and_prompts(bundle: Path) -> None:
+    data = json.loads(bundle.read_text())
+    assert (len(data["train"]), len(data["eval"])) == (360, 40)
+    assert {it["id"] for it in data["train"]}.isdisjoint(it["id"] for it in data["eval"])
+    assert data["tokens"]["call_end"] != data["tokens"]["eos"]
+    assert all(it["prompt_ids"][-1] != data["tokens"]["eos"] for it in data["eval"])
+
+
+def test_the_decoders_cache_and_forced_responses_give_the_full_forward_logprobs(bundle: Path) -> None:
+    """Rows of different prompt lengths (left padding), tool responses fed as forced tokens: every
+    sampled token's logprob at sampling equals the one full forward pass of the finished row."""
+    setup = load(bundle, str(ROOT / "opd/fixture/student"), str(ROOT / "opd/fixture/teacher"), "cpu", eval_items=2)
+    items = setup.bundle["train"][:3]
+    assert len({len(it["prompt_ids"]) for it in items}) > 1
+    generator = torch.Generator().manual_seed(3)
+    rows = setup.decoder.generate(setup.student, [it["prompt_ids"] for it in items for _ in range(2)], [False] * 5 + [True], generator)
+    forced = [not s for r in rows for s in r.sampled[r.prompt_len:]]
+    assert any(forced), "no tool response was fed (the check below would not cover forced tokens)"
+    ids, mask = padded(rows, setup.device)
+    with torch.no_grad():
+        lps = token_logprobs(setup.student, ids, mask)
+    s, _, _, _ = kl_terms(lps, lps, ids[:, 1:][mask[:, 1:]])
+    sampler = torch.tensor([lp for r in rows for lp in r.sampler_logprobs])
+    assert torch.allclose(s, sampler, atol=1e-4), float((s - sampler).abs().max())
+    for r in rows:
+        assert r.finish in ("eos", "max_new_tokens", "tool_after_think"), r.finish
+        assert len(r.tokens) == len(r.sampled) and sum(r.sampled) == len(r.sampler_logprobs)
+
+
+def test_the_losses_are_the_reverse_kl_and_its_sampled_estimate() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(6, 11, requires_grad=True)
+    teacher = torch.log_softmax(torch.randn(6, 11), -1)
+    tokens = torch.randint(0, 11, (6,))
+    student = torch.log_softmax(logits, -1)
+    exact = (student.exp() * (student - teacher)).sum(-1).mean()
+    assert torch.allclose(loss_of("opd_full", student, teacher, tokens, torch.zeros(6)), exact)
+    advantage = (teacher.gather(-1, tokens[:, None])[:, 0] - student.gather(-1, tokens[:, None])[:, 0]).detach().clamp(-5, 5)
+    (grad_opd,) = torch.autograd.grad(loss_of("opd", student, teacher, tokens, torch.zeros(6)), logits, retain_graph=True)
+    (grad_ref,) = torch.autograd.grad(-(advantage * student.gather(-1, tokens[:, None])[:, 0]).mean(), logits, retain_graph=True)
+    assert torch.allclose(grad_opd, grad_ref)
+    reward_advantage = torch.tensor([1.0, -1.0, 0.5, 0.0, 2.0, -2.0])
+    (grad_mix,) = torch.autograd.grad(loss_of("mix", student, teacher, tokens, reward_advantage), logits, retain_graph=True)
+    (grad_grpo,) = torch.autograd.grad(loss_of("grpo", student, teacher, tokens, reward_advantage), logits)
+    assert torch.allclose(grad_mix, grad_opd + grad_grpo, atol=1e-6)
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_one_step_of_each_arm_writes_its_evaluations_and_step(bundle: Path, tmp_path: Path, arm: str) -> None:
+    setup = load(bundle, str(ROOT / "opd/fixture/student"), str(ROOT / "opd/fixture/teacher"), "cpu", eval_items=1)
+    before = [p.detach().clone() for p in setup.student.parameters()]
+    out = tmp_path / "run.jsonl"
+    run_arm(setup, arm, 1e-4, 0, steps=1, problems=1, group=2, eval_every=1, eval_samples=1, wall_s=1e9, out=out)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(e["kind"], e["step"]) for e in lines] == [("eval", 0), ("step", 1), ("eval", 1)]
+    assert lines[1]["sampler_mismatch"] < 1e-4 and lines[1]["tokens"] > 0
+    changed = any(not torch.equal(a, b) for a, b in zip(before, setup.student.parameters()))
+    # GRPO takes no step when both rollouts scored the same (their advantages are 0).
+    assert changed or (arm == "grpo" and lines[1]["grad_norm"] == 0.0)
+
+
+def _evaluation(step: int, correct: list[float], kl: list[float]) -> dict[str, Any]:
+    return {"kind": "eval", "arm": "opd", "lr": 1e-4, "seed": 0, "step": step, "rollouts": 64 * step, "sampled_accuracy": sum(correct) / 16,
+            "greedy_accuracy": 0.5, "item_correct": correct, "item_kl_exact": kl, "item_tokens": [10.0, 10.0]}
+
+
+def test_the_report_reads_gap_closed_and_the_kl_change_from_the_evaluations(tmp_path: Path) -> None:
+    # Two items, 8 samples each: the student goes from 1 + 1 to 5 + 3 correct, the teacher has 8 + 8.
+    lines = [_evaluation(0, [1.0, 1.0], [6.0, 8.0]), _evaluation(50, [5.0, 3.0], [3.0, 4.0])]
+    (tmp_path / "opd.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    (tmp_path / "opd.teacher.json").write_text(json.dumps({"item_correct": [8.0, 8.0], "sampled_accuracy": 1.0, "greedy_accuracy": 1.0}))
+    runs, teacher = report.load_runs(tmp_path)
+    (row,) = report.summarise(runs, teacher)
+    assert row["gap_closed"] == pytest.approx(6 / 14)
+    assert (row["kl_start"], row["kl_end"]) == pytest.approx((0.7, 0.35))
+    low, high = row["kl_change_95"]
+    assert low <= -0.35 <= high < 0
+    assert "+0.429" in report.markdown([row], teacher)
