@@ -66,6 +66,7 @@ def _log_sweep(tmp_path: Path, rises: dict[str, list[float]], failed: str | None
                 for group in range(1, 17):  # the reverse KL on fresh samples falls with the arm's rise
                     client.log_metric(run, "teacher/reverse_kl", 1.0 - rise * group / 16, step=group)
                 for step, rows in zip((0, 8, 16), evaluations):
+                    client.log_metric(run, "eval/sampled_reverse_kl_to_teacher", 0.8 - rise * step / 16 + 0.01 * seed, step=step)
                     client.log_metric(run, "eval/gap_closed", (sum(r["sampled_correct"] for r in rows) - sum(start)) / (ITEMS * SAMPLES) / gap, step=step)
                     client.log_metric(run, "eval/weight_version", step / 4, step=step)
                     client.log_metric(run, "eval/wall_s", step * 10.0, step=step)
@@ -244,6 +245,9 @@ def test_with_the_teachers_evaluation_each_arm_gets_its_gap_closed_and_the_steps
     assert speed["arm=opd"]["steps_to_0.1"] != "" and speed["arm=grpo"]["steps_to_0.5"] == ""
     # The reverse KL per window of 10 groups: one window of 16 groups, ending at group 10.
     assert speed["arm=opd"]["reverse_kl_first"] == pytest.approx(sum(1.0 - r * g / 16 for r in (0.6, 0.5) for g in range(1, 11)) / 20)
+    # The held-out reverse KL at the first and last evaluation, mean over the seeds.
+    assert (speed["arm=opd"]["reverse_kl_held_out_first"], speed["arm=opd"]["reverse_kl_held_out_last"]) == pytest.approx((0.805, 0.805 - 0.55))
+    assert speed["arm=grpo"]["reverse_kl_held_out_last"] == pytest.approx(0.805 - 0.1)
     for name in ("compare_gap.png", "compare_kl.png"):
         assert (tmp_path / "out" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main([parent, "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -341,3 +342,20 @@ def test_teacher_scoring_runs_in_its_own_slots_beside_generation(fixture_model, 
     group, _ = asyncio.run(env.collect_trajectories(MATH_ITEM))
     assert check_group(group) == [] and policy.most_running == 1
     assert teacher.most_running == 4 and teacher.served == 4
+
+
+def test_an_evaluation_with_a_teacher_reports_the_reverse_kl_of_its_sampled_rollouts(fixture_model, tokenizer) -> None:
+    """Each sampled held-out rollout is scored by the teacher: eval/sampled_reverse_kl_to_teacher is
+    the mean over rollouts of their per-token student_lp - teacher_lp (the greedy one has none)."""
+    policy = ScriptedClient(generate=text_generator(tokenizer, [(MATH_CALL, "stop"), (MATH_ANSWER, "stop")] * 3))
+    teacher = ScriptedClient(score=teacher_rows)
+    cfg = validate(compose(["group_size=1", *TEACHER]))
+    env = build_env(cfg, TaskSet(train=[MATH_ITEM], eval=[MATH_ITEM], source="test"), fixture_model, policy, teacher=teacher)
+    report = asyncio.run(env.evaluate(concurrency=1, samples_per_item=2, seed=0))
+    asyncio.run(env.close())
+    assert len(teacher.scored) == 2  # the two samples, not the greedy rollout
+    # Every sampled token has the scripted logprob -0.25; the teacher's row of token t is -1.0 - (t % 5) / 10.
+    sampled = [t for text in (MATH_CALL, MATH_ANSWER) for t in tokenizer.encode(text, add_special_tokens=False)]
+    expected = statistics.fmean(-0.25 - (-1.0 - (t % 5) * 0.1) for t in sampled)
+    assert report.metrics["eval/sampled_reverse_kl_to_teacher"] == pytest.approx(expected)
+    assert "eval/reverse_kl_to_teacher" not in report.metrics

@@ -12,7 +12,9 @@ Per point (an arm; each item averaged over the point's seeds):
   evaluations), so arms are compared on the steps they need, as on-policy distillation is judged;
 - the quantity on-policy distillation minimises, the per-token reverse KL to the teacher on the
   student's fresh samples (`teacher/reverse_kl`, one value per group), averaged over windows of
-  `KL_WINDOW` groups: its curve per point and its first and last window.
+  `KL_WINDOW` groups: its curve per point and its first and last window; and the same quantity
+  on the held-out samples (`eval/sampled_reverse_kl_to_teacher`, the same seeded items at every
+  evaluation, so its change is the student's, not the items'), at the first and last evaluation.
 """
 
 from __future__ import annotations
@@ -200,6 +202,22 @@ def kl_rows(curves: dict[str, list[tuple[list[float], list[float]]]]) -> list[di
         rows.append({"point": label, "seeds": len(runs), "reverse_kl_first": sum(ys[0] for _, ys in runs) / len(runs),
                      "reverse_kl_last": sum(ys[-1] for _, ys in runs) / len(runs)})
     return rows
+
+
+# The per-evaluation metric of the reverse KL to the teacher on the held-out samples.
+HELD_OUT_KL = "eval/sampled_reverse_kl_to_teacher"
+
+
+def held_out_kl(client: Any, run_id: str) -> tuple[float, float] | None:
+    """`HELD_OUT_KL` at a run's first and last evaluation; None without two evaluations of it."""
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, HELD_OUT_KL))
+    return (history[0][1], history[-1][1]) if len(history) >= 2 else None
+
+
+def held_out_kl_rows(points: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
+    """Per point: the held-out reverse KL at the first and last evaluation (mean over seeds)."""
+    return [{"point": label, "reverse_kl_held_out_first": sum(a for a, _ in runs) / len(runs),
+             "reverse_kl_held_out_last": sum(b for _, b in runs) / len(runs)} for label, runs in points.items()]
 
 
 def write_kl_curves(curves: dict[str, list[tuple[list[float], list[float]]]], path: Path) -> Path | None:

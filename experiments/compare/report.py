@@ -169,15 +169,18 @@ def write_gain_curves(points_: list[Point], ranking: list[dict[str, Any]], clien
 
 def gap_outputs(sweep: Sweep, found: list[Point], client: Any, out_dir: Path) -> list[Path]:
     """compare_gap.csv (per point: optimiser steps to each level of gap closed and the reverse KL
-    on fresh samples, first and last, `sweep.speed`), compare_gap.png (the gap-closed curves) and
+    on fresh samples and on the held-out samples, first and last, `sweep.speed`), compare_gap.png (the gap-closed curves) and
     compare_kl.png (the reverse-KL curves) when the jobs logged eval/gap_closed; else []."""
     curves = {point.label: runs for point in found if (runs := [c for run_id in point.run_ids if (c := gap.run_curve(client, run_id))])}
     if not curves:
         return []
     sweep.speed = gap.speed_rows(curves)
     kl = {point.label: runs for point in found if (runs := [c for run_id in point.run_ids if (c := gap.kl_curve(client, run_id))])}
+    held_out = {point.label: runs for point in found if (runs := [ends for run_id in point.run_ids if (ends := gap.held_out_kl(client, run_id))])}
     for row in sweep.speed:
-        row.update({k: v for r in gap.kl_rows(kl) if r["point"] == row["point"] for k, v in r.items() if k.startswith("reverse_kl")})
+        for r in [*gap.kl_rows(kl), *gap.held_out_kl_rows(held_out)]:
+            if r["point"] == row["point"]:
+                row.update({k: v for k, v in r.items() if k.startswith("reverse_kl")})
     gaps = {row["_point"].label: row for row in sweep.ranking}
     written = [write_csv(sweep.speed, out_dir / "compare_gap.csv"), gap.write_gap_curves(curves, gaps, out_dir / "compare_gap.png"),
                gap.write_kl_curves(kl, out_dir / "compare_kl.png")]

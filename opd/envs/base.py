@@ -391,9 +391,26 @@ class RolloutEnv:
         return report
 
     async def eval_item(self, item: dict[str, Any], temperature: float) -> ItemResult:
-        """One rollout of a held-out item (no teacher, no env stage)."""
+        """One rollout of a held-out item (no teacher rows, no env stage). A sampled one (temperature
+        above 0) of a run with a teacher model also gets its per-token reverse KL to the teacher
+        (`reverse_kl_to_teacher`, averaged as `eval/sampled_reverse_kl_to_teacher`): what OPD
+        minimises, on the same seeded held-out samples at every evaluation, so a fall over a run is
+        the student's and not the training items'."""
         r = await self.rollout(item, temperature, self.prepare(item, training=False))
-        return ItemResult(self.passed(r), r.scored.total, dict(r.eval_metrics), prompt=r.prompt, response=r.response, turns=r.turns)
+        metrics = dict(r.eval_metrics)
+        if self.teacher is not None and temperature > 0:
+            metrics["reverse_kl_to_teacher"] = await self._reverse_kl_to_teacher(r.sequence)
+        return ItemResult(self.passed(r), r.scored.total, metrics, prompt=r.prompt, response=r.response, turns=r.turns)
+
+    async def _reverse_kl_to_teacher(self, sequence: Sequence) -> float:
+        """The mean of student_lp - teacher_lp over the sampled tokens (the k1 estimate of
+        KL(student || teacher), unbiased since the student sampled them; `teacher/reverse_kl`'s)."""
+        assert self.teacher is not None
+        rows = await self.teacher.score_sequence(sequence.tokens, sequence.masks)
+        diffs = [s - t for s, t, m in zip(sequence.logprobs, rows.sampled_logprobs, sequence.masks) if m != MASK and t is not None]
+        if not diffs:
+            raise ValueError("the teacher scored none of the rollout's sampled tokens")
+        return statistics.fmean(diffs)
 
     async def close(self) -> None:
         await self.server.close()
