@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from experiments.opd_plain import report
+from experiments.opd_plain import report, sweep
 from experiments.opd_plain.bundle import make_bundle
 from experiments.opd_plain.loop import ARMS, Row, kl_terms, load, loss_of, padded, run_arm, token_logprobs
 from experiments.opd_plain.tools import answer_call, run_python
@@ -157,3 +157,24 @@ def test_the_report_reads_gap_closed_and_the_kl_change_from_the_evaluations(tmp_
     low, high = row["kl_change_95"]
     assert low <= -0.35 <= high < 0
     assert "+0.429" in report.markdown([row], teacher)
+
+
+def test_the_sweep_gives_every_run_its_arm_and_the_shared_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[list[str]] = []
+
+    class Finished:
+        def __init__(self, argv: list[str], **_: Any) -> None:
+            started.append(argv)
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(sweep.subprocess, "Popen", Finished)
+    with pytest.raises(SystemExit) as ended:
+        sweep.main(["--bundle", "b.json", "--out", str(tmp_path), "--wall-s", "60", "--runs", "opd:1e-4:0", "grpo:3e-4:1", "--", "--steps", "5"])
+    assert ended.value.code == 0
+    first, second = (argv[argv.index("-m") + 1:] for argv in started)
+    assert first[:9] == ["experiments.opd_plain.loop", "--bundle", "b.json", "--arm", "opd", "--lr", "1e-4", "--seed", "0"]
+    assert "--eval-teacher" in first and "--eval-teacher" not in second  # the ceiling, once
+    assert second[4:9] == ["grpo", "--lr", "3e-4", "--seed", "1"] and second[-2:] == first[-2:] == ["--steps", "5"]
+    assert second[second.index("--out") + 1] == str(tmp_path / "grpo_lr3e-4_s1.jsonl")

@@ -59,6 +59,11 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m experiments.launch -m experiment=opd_vs_grpo":
         ("compose", "six closed loops (an hour of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),
     "python -m opd.fixture.build --config opd/fixture/student/build_config.json": ("help", "rebuilding the student takes 44 minutes"),
+    "python -m experiments.opd_plain.bundle --out bundle.json": ("help", "tests/test_opd_plain.py makes the bundle and runs each arm a step"),
+    "python -m experiments.opd_plain.sweep --bundle bundle.json --out results --wall-s 420 --runs grpo:1e-4:0 grpo:1e-4:1 opd:1e-4:0 opd:1e-4:1 "
+    "opd_full:1e-4:0 opd_full:1e-4:1 mix:1e-4:0 mix:1e-4:1 -- --steps 400 --eval-every 20":
+        ("help", "7 minutes of a GPU; tests/test_opd_plain.py checks the runs it starts"),
+    "python -m experiments.opd_plain.report results": ("help", "tests/test_opd_plain.py reports on evaluations it wrote"),
     "python -m experiments.launch -m experiment=opd_vs_grpo && python -m experiments.compare outputs/sweeps/<date>/<time>":
         ("compose", "six closed loops (an hour of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),
     "python -m experiments.bench loop": ("help", "a closed-loop iteration: minutes"),
@@ -230,6 +235,10 @@ def test_tools_too_long_to_run_here_accept_what_the_readme_passes() -> None:
         assert flag in same.stdout
     probe = _python("-m", "opd.fixture.probe", "--help")
     assert probe.returncode == 0 and "--transcripts" in probe.stdout and "MODEL_DIR" in probe.stdout, probe.stderr[-2000:]
+    for module, flags in (("bundle", ("--out",)), ("sweep", ("--bundle", "--out", "--wall-s", "--runs")), ("report", ("results",)),
+                          ("loop", ("--steps", "--eval-every", "--arm"))):
+        plain = _python("-m", f"experiments.opd_plain.{module}", "--help")
+        assert plain.returncode == 0 and all(flag in plain.stdout for flag in flags), plain.stderr[-2000:]
     fixture = _python("-m", "opd.fixture.build", "--help")
     assert fixture.returncode == 0 and "--out" in fixture.stdout
     for flag in ("--preset", "teacher", "--config"):

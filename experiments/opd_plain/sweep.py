@@ -26,7 +26,19 @@ def run_name(spec: str) -> str:
     return f"{arm}_lr{lr}_s{seed}"
 
 
-def main() -> None:
+def commands(bundle: Path, out: Path, runs: list[str], wall_s: float, extra: list[str]) -> list[tuple[str, list[str]]]:
+    """(run name, argv) of each run: `experiments.opd_plain.loop` with its arm, learning rate and
+    seed, the shared wall time and `extra`; the first also evaluates the teacher."""
+    argvs = []
+    for i, spec in enumerate(runs):
+        arm, lr, seed = spec.split(":")
+        name = run_name(spec)
+        argvs.append((name, [sys.executable, "-m", "experiments.opd_plain.loop", "--bundle", str(bundle), "--arm", arm, "--lr", lr, "--seed", seed,
+                             "--wall-s", str(wall_s), "--out", str(out / f"{name}.jsonl"), *(["--eval-teacher"] if i == 0 else []), *extra]))
+    return argvs
+
+
+def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", type=Path, required=True)
@@ -35,17 +47,13 @@ def main() -> None:
     parser.add_argument("--wall-s", type=float, required=True, help="each run's wall time")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per process")
     parser.add_argument("extra", nargs="*", help="further arguments for every run (after --)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     procs = []
-    for i, spec in enumerate(args.runs):
-        arm, lr, seed = spec.split(":")
-        name = run_name(spec)
-        argv = [sys.executable, "-m", "experiments.opd_plain.loop", "--bundle", str(args.bundle), "--arm", arm, "--lr", lr, "--seed", seed,
-                "--wall-s", str(args.wall_s), "--out", str(args.out / f"{name}.jsonl"), *(["--eval-teacher"] if i == 0 else []), *args.extra]
+    for name, command in commands(args.bundle, args.out, args.runs, args.wall_s, args.extra):
         log = (args.out / f"{name}.log").open("w")
-        procs.append((name, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+        procs.append((name, subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log))
     failed = []
     for name, proc, log in procs:
         code = proc.wait()
