@@ -157,6 +157,9 @@ def test_the_report_reads_gap_closed_and_the_kl_change_from_the_evaluations(tmp_
     low, high = row["kl_change_95"]
     assert low <= -0.35 <= high < 0
     assert "+0.429" in report.markdown([row], teacher)
+    assert row["gap_curve"] == [(0, 0.0), (50, pytest.approx(6 / 14))]
+    assert row["steps_to_0.1"] == pytest.approx(50 * 0.1 / (6 / 14)) and report.steps_to(row["gap_curve"], 0.5) is None
+    assert report.steps_to([(0, 0.0), (20, 0.05), (40, 0.15), (60, 0.12)], 0.1) == pytest.approx(30.0)
 
 
 def test_the_sweep_gives_every_run_its_arm_and_the_shared_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

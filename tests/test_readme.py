@@ -63,6 +63,8 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m experiments.opd_plain.sweep --bundle bundle.json --out results --wall-s 420 --runs grpo:1e-4:0 grpo:1e-4:1 opd:1e-4:0 opd:1e-4:1 "
     "opd_full:1e-4:0 opd_full:1e-4:1 mix:1e-4:0 mix:1e-4:1 -- --steps 400 --eval-every 20":
         ("help", "7 minutes of a GPU; tests/test_opd_plain.py checks the runs it starts"),
+    "python -m experiments.opd_plain.sweep --bundle bundle.json --out results --wall-s 235 --runs opd_full:3e-4:0 opd:1e-4:0 grpo:1e-4:0 "
+    "-- --steps 100 --eval-every 25": ("help", "4 minutes of a GPU; as above"),
     "python -m experiments.opd_plain.report results": ("help", "tests/test_opd_plain.py reports on evaluations it wrote"),
     "python -m experiments.launch -m experiment=opd_vs_grpo && python -m experiments.compare outputs/sweeps/<date>/<time>":
         ("compose", "six closed loops (an hour of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),

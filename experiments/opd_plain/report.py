@@ -23,15 +23,26 @@ logger = logging.getLogger(__name__)
 RESAMPLES = 2000
 
 
+# Levels of gap closed at which the optimiser steps each arm needed are reported.
+LEVELS = (0.1, 0.2)
+
+
 @dataclass
 class Run:
-    """One arm, learning rate and seed: its first and last evaluation."""
+    """One arm, learning rate and seed: its evaluations, in order."""
 
     arm: str
     lr: float
     seed: int
-    first: dict[str, Any]
-    last: dict[str, Any]
+    evals: list[dict[str, Any]]
+
+    @property
+    def first(self) -> dict[str, Any]:
+        return self.evals[0]
+
+    @property
+    def last(self) -> dict[str, Any]:
+        return self.evals[-1]
 
 
 def load_runs(results: Path) -> tuple[list[Run], dict[str, Any]]:
@@ -40,7 +51,7 @@ def load_runs(results: Path) -> tuple[list[Run], dict[str, Any]]:
     for path in sorted(results.glob("*.jsonl")):
         evals = [e for e in map(json.loads, path.read_text().splitlines()) if e.get("kind") == "eval"]
         if len(evals) >= 2:
-            runs.append(Run(evals[0]["arm"], evals[0]["lr"], evals[0]["seed"], evals[0], evals[-1]))
+            runs.append(Run(evals[0]["arm"], evals[0]["lr"], evals[0]["seed"], evals))
         else:
             logger.warning("%s: fewer than two evaluations, left out", path.name)
     teachers = sorted(results.glob("*.teacher.json"))
@@ -55,6 +66,27 @@ def _gap(runs: Sequence[Run], teacher: dict[str, Any], items: Sequence[int]) -> 
     end = sum(r.last["item_correct"][i] for r in runs for i in items)
     ceiling = len(runs) * sum(teacher["item_correct"][i] for i in items)
     return (end - start) / (ceiling - start) if ceiling != start else 0.0
+
+
+def gap_curve(runs: Sequence[Run], teacher: dict[str, Any]) -> list[tuple[int, float]]:
+    """(optimiser step, gap closed pooled over the runs) at each step every run evaluated."""
+    steps = sorted(set.intersection(*({e["step"] for e in r.evals} for r in runs)))
+    items = range(len(teacher["item_correct"]))
+    curve = []
+    for step in steps:
+        at = [Run(r.arm, r.lr, r.seed, [r.first, next(e for e in r.evals if e["step"] == step)]) for r in runs]
+        curve.append((step, _gap(at, teacher, items)))
+    return curve
+
+
+def steps_to(curve: list[tuple[int, float]], level: float) -> float | None:
+    """The first step at which `curve` reaches `level` (linear between evaluations), or None."""
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if y0 >= level:
+            return x0
+        if y1 >= level:  # y0 < level <= y1
+            return x0 + (level - y0) * (x1 - x0) / (y1 - y0)
+    return None
 
 
 def _kl(evaluation: dict[str, Any], runs_items: Sequence[int]) -> float:
@@ -87,8 +119,10 @@ def summarise(runs: list[Run], teacher: dict[str, Any], seed: int = 0) -> list[d
         kl_start, kl_end = _kl_change(group, everything)
         gaps = [_gap(group, teacher, d) for d in draws]
         falls = [(lambda s, e: e - s)(*_kl_change(group, d)) for d in draws]
+        curve = gap_curve(group, teacher)
         rows.append({
-            "arm": arm, "lr": lr, "seeds": sorted(r.seed for r in group),
+            "arm": arm, "lr": lr, "seeds": sorted(r.seed for r in group), "gap_curve": curve,
+            **{f"steps_to_{level:g}": steps_to(curve, level) for level in LEVELS},
             "steps": [r.last["step"] for r in group], "rollouts": [r.last["rollouts"] for r in group],
             "sampled_start": sum(r.first["sampled_accuracy"] for r in group) / len(group),
             "sampled_end": sum(r.last["sampled_accuracy"] for r in group) / len(group),
@@ -114,6 +148,11 @@ def markdown(rows: list[dict[str, Any]], teacher: dict[str, Any]) -> str:
             f"| {r['sampled_start']:.3f} -> {r['sampled_end']:.3f} | {r['greedy_start']:.3f} -> {r['greedy_end']:.3f} "
             f"| {r['gap_closed']:+.3f} [{r['gap_closed_95'][0]:+.3f}, {r['gap_closed_95'][1]:+.3f}] "
             f"| {r['kl_start']:.3f} -> {r['kl_end']:.3f} | {r['kl_change']:+.3f} [{r['kl_change_95'][0]:+.3f}, {r['kl_change_95'][1]:+.3f}] |")
+    lines += ["", "Gap closed at each evaluation every seed of the arm made (pooled over its seeds), and the optimiser steps to "
+              + " and ".join(f"{level:.0%}" for level in LEVELS) + " (linear between evaluations; - : not in its budget):", ""]
+    for r in rows:
+        reached = ", ".join(f"{level:.0%}: {'-' if r[f'steps_to_{level:g}'] is None else round(r[f'steps_to_{level:g}'])}" for level in LEVELS)
+        lines.append(f"- `{r['arm']}` {r['lr']:g}: " + ", ".join(f"{step}: {gap:+.3f}" for step, gap in r["gap_curve"]) + f" ({reached})")
     return "\n".join(lines) + "\n"
 
 
