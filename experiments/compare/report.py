@@ -169,8 +169,9 @@ def write_gain_curves(points_: list[Point], ranking: list[dict[str, Any]], clien
 
 def gap_outputs(sweep: Sweep, found: list[Point], client: Any, out_dir: Path) -> list[Path]:
     """compare_gap.csv (per point: optimiser steps to each level of gap closed and the reverse KL
-    on fresh samples and on the held-out samples, first and last, `sweep.speed`), compare_gap.png (the gap-closed curves) and
-    compare_kl.png (the reverse-KL curves) when the jobs logged eval/gap_closed; else []."""
+    on fresh samples and on the held-out samples, first and last, `sweep.speed`), compare_gap.png
+    (the gap-closed curves) and compare_kl.png (the reverse-KL curves) when the jobs logged
+    eval/gap_closed; else []."""
     curves = {point.label: runs for point in found if (runs := [c for run_id in point.run_ids if (c := gap.run_curve(client, run_id))])}
     if not curves:
         return []
