@@ -119,16 +119,19 @@ class Decoder:
                     row.sampled.append(False)
                     if not row.forced:
                         row.segment_start = len(row.tokens)
-                    step_ids.append(token), live.append(1)
+                    step_ids.append(token)
+                    live.append(1)
                     continue
                 if row.done:
-                    step_ids.append(0), live.append(0)
+                    step_ids.append(0)
+                    live.append(0)
                     continue
                 row.tokens.append(token)
                 row.sampled.append(True)
                 row.sampler_logprobs.append(token_lp)
                 row.generated += 1
-                step_ids.append(token), live.append(1)
+                step_ids.append(token)
+                live.append(1)
                 if token == eos:
                     row.done, row.finish = True, "eos"
                 elif token == call_end:
@@ -250,9 +253,13 @@ def evaluate(setup: Setup, model: Any, samples: int, seed: int) -> dict[str, Any
             _, _, est, exact = kl_terms(s_lp, t_lp, ids[:, 1:][mask[:, 1:]])
             counts = mask[:, 1:].sum(-1).tolist()
             for piece_est, piece_exact in zip(est.split(counts), exact.split(counts)):
-                kl_sampled.append(piece_est.sum().item()), kl_exact.append(piece_exact.sum().item())
+                kl_sampled.append(piece_est.sum().item())
+                kl_exact.append(piece_exact.sum().item())
     tokens = [sum(r.sampled) for r in sampled_rows]
-    per_item = lambda values: [sum(values[i * samples:(i + 1) * samples]) for i in range(len(items))]  # noqa: E731
+
+    def per_item(values: list[float]) -> list[float]:
+        return [sum(values[i * samples:(i + 1) * samples]) for i in range(len(items))]
+
     return {
         "sampled_accuracy": sum(hits) / len(hits),
         "greedy_accuracy": sum(greedy_hits) / len(greedy_hits),
