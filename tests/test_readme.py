@@ -58,6 +58,8 @@ CHECKS: dict[str, tuple[str, str]] = {
         ("compose", "two closed loops; compare is run on the reward sweep below"),
     "python -m experiments.launch -m experiment=opd_vs_grpo":
         ("compose", "six closed loops (an hour of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),
+    "python -m experiments.launch -m experiment=opd_vs_grpo arm=opd,opd_topk sweep.seeds=1":
+        ("compose", "two closed loops (35 min of CPU); tests/test_opd_vs_grpo.py runs the experiment at a tiny budget on vLLM"),
     "python -m opd.fixture.build --config opd/fixture/student/build_config.json": ("help", "rebuilding the student takes 44 minutes"),
     "python -m experiments.opd_plain.bundle --out bundle.json": ("help", "tests/test_opd_plain.py makes the bundle and runs each arm a step"),
     "python -m experiments.opd_plain.sweep --bundle bundle.json --out results --wall-s 420 --runs grpo:1e-4:0 grpo:1e-4:1 opd:1e-4:0 opd:1e-4:1 "
