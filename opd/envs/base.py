@@ -11,9 +11,10 @@ one method, `rollout(item, temperature, prepared)`: one scored rollout as a `Rol
 - `prepare(item, training)`: what every rollout of a group shares (inline_math: its prompt);
 - `finish_group(group, item, results, roots, rows)`: its own stage on the whole group (opd_coding:
   the judge's hints; inline_math: the dynamic few-shot pool);
-- `env_metrics(group)`: its own per-group metrics; `item_fields`: item keys the record keeps.
-It passes its tool schemas up, for the start-up check of the model's chat format and for the
-turn parser (`self.parser`), which loads on a thread while the first requests go out.
+- `env_metrics(group)`: its own per-group metrics; `item_fields`: item keys the record keeps;
+  `budget_fields`: env.* fields the record keeps (its budgets); `tool_schemas`: its tools' schemas,
+  for the start-up check of the model's chat format and for the turn parser (`self.parser`), which
+  loads on a thread while the first requests go out.
 The runner (`opd.runner`) drives it, not atroposlib's `process_manager` (which has no error
 isolation and can loop forever), and checks every group once before it is written. The methods
 keep atroposlib's `BaseEnv` names and signatures, so `opd.atropos` runs the same classes under
@@ -134,6 +135,10 @@ class RolloutEnv:
     build_rubric: Callable[[Any], Rubric[Any]]
     # Keys of an item the group record keeps in `group_overrides` (inline_math: its answer).
     item_fields: tuple[str, ...] = ()
+    # Fields of env.* every group records in `generation_params`: its budgets (inline_math: max_new_tokens).
+    budget_fields: tuple[str, ...] = ()
+    # The schemas of the tools the model is shown (opd.tools.registry.schemas; none: a plain chat).
+    tool_schemas: tuple[dict[str, Any], ...] | list[dict[str, Any]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -141,9 +146,8 @@ class RolloutEnv:
             raise TypeError(f"{cls.__name__}: an environment implements `async def rollout(self, item, temperature, prepared) -> RolloutResult`")
 
     def __init__(self, cfg: EnvConfig, reward: Any, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
-                 seed: int, tracer: Tracer, chat_format: ChatFormat, tools: list[dict[str, Any]], drop_equal_scores: bool = False,
-                 tokenizer: Any = None, served_weights: ServedWeights | None = None, teacher: TeacherModel | None = None,
-                 teacher_kind: str = "model", record_params: dict[str, Any] | None = None) -> None:
+                 seed: int, tracer: Tracer, chat_format: ChatFormat, drop_equal_scores: bool = False, tokenizer: Any = None,
+                 served_weights: ServedWeights | None = None, teacher: TeacherModel | None = None, teacher_kind: str = "model") -> None:
         # env.* (an opd.config.EnvConfig) and the rubric of reward.*, which owns the whole score.
         self.cfg = cfg
         self.rubric = self.build_rubric(reward)
@@ -162,11 +166,12 @@ class RolloutEnv:
         self.temperature, self.sampling, self.eval_temperature = cfg.temperature, dict(cfg.sampling), cfg.eval_temperature
         self.drop_equal_scores = drop_equal_scores
         # The env's budgets every group records in `generation_params` (e.g. max_new_tokens).
-        self.record_params = dict(record_params or {})
+        self.record_params = {name: getattr(cfg, name) for name in self.budget_fields}
         self.rng = random.Random(seed)
         # The model's format; the start-up check stops here, naming what is missing, when the
         # tokenizer or the chat template cannot carry it.
         self.chat_format = chat_format
+        tools = list(self.tool_schemas)
         check(chat_format, self.tokenizer, tools, tokenizer_path)
         # vLLM's parsers of the format, loaded off the start-up path (see BackgroundParser).
         self.parser = BackgroundParser(lambda: TurnParser(chat_format, self.tokenizer, tools))
