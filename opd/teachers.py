@@ -17,8 +17,8 @@ A kind says
   `TeacherRun` the experiment reads: the scorer the environment gets, the watch of its server, the
   evaluation's ceiling and what environment workers need.
 A kind of yours is a `Teacher` subclass registered with `@TEACHERS.register("name")`; run_experiment
-reads only this interface (the scorer through `Teacher.scorer`, which checks it). A name `teacher.kind` gives that is not registered is a ConfigError
-naming `teacher`, with the nearest name.
+reads only this interface (the scorer through `Teacher.scorer`, which checks it). A name
+`teacher.kind` gives that is not registered is a ConfigError naming `teacher`, with the nearest name.
 """
 
 from __future__ import annotations
