@@ -152,15 +152,15 @@ def tracer(cfg: Config, tracker: Tracker | None) -> Tracer:
 def environment_arguments(cfg: Config, data: TaskSet, model: str, pool: ServerPool, tracer: Tracer, judge: ServerPool | None = None,
                           teacher: Any = None, untaught: bool = False) -> tuple[tuple, dict[str, Any]]:
     """The configured environment's constructor arguments (args, kwargs), over `pool` (and
-    `judge`, judge=server's own pool; `teacher`, teacher=model's `TeacherModel`; `untaught`: built
+    `judge`, judge=server's own pool; `teacher`, the teacher kind's scorer (teacher=model's `TeacherModel`); `untaught`: built
     without it on purpose, as the teacher's own policy is)."""
     from opd.agent.chat_format import ChatFormat
     from opd.envs.registry import spec_of
 
     common = {"data": data, "pool": pool, "tokenizer_path": model, "group_size": cfg.group_size,
               "max_model_len": cfg.server.max_model_len, "seed": cfg.seed, "tracer": tracer, "chat_format": ChatFormat.from_config(cfg.model)}
-    if teacher is not None:
-        common["teacher"] = teacher
+    if teacher is not None:  # its groups are labelled with the kind's registered name (opd.teachers)
+        common["teacher"], common["teacher_kind"] = teacher, cfg.teacher.kind
     elif cfg.teacher.kind == "model" and not untaught:  # never records that quietly lack the teacher's rows
         raise ConfigError("teacher: teacher=model runs through python -m experiments.launch (opd.experiment serves and checks the teacher) "
                           "or atroposlib's commands with teacher.server.base_url; "

@@ -142,7 +142,7 @@ def run_experiment(cfg: Config, job: SweepJob | None = None, asked: list[str] | 
         # The teacher's own server (if it needs one) starts beside the policy's.
         taught = stack.enter_context(teacher.serve(model, out / "vllm_teacher", sweep))
         urls, watch = stack.enter_context(inference_servers(cfg, model, out / "vllm", shared=shared))
-        env = build.environment(cfg, data, model, build.server_pool(cfg, model, urls), tracer, build.judge_pool(cfg), taught.scorer(urls, tracer))
+        env = build.environment(cfg, data, model, build.server_pool(cfg, model, urls), tracer, build.judge_pool(cfg), teacher.scorer(taught, urls, tracer))
         groups = groups_started(cfg, len(urls), tracker, resumed)
         if cfg.mode == "evaluate":
             summary, history = run_loop(_evaluate(env, watch, build.evaluator(cfg, env, groups * cfg.group_size, tracker)), cfg.runner.uvloop), {}

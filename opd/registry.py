@@ -11,6 +11,7 @@ from, the nearest name and every name there is.
 from __future__ import annotations
 
 import difflib
+import inspect
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
@@ -122,5 +123,10 @@ class Registry(Generic[T]):
 
 
 def _origin(value: Any) -> str:
+    """Where a plug-in comes from: a class's or function's `module.name`; an instance (a tool, a
+    record rule) by its type and the function it holds (`Tool of opd.tools.math_tools._calculator`)."""
     module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    return f"{module}.{name}" if module and name else repr(value)
+    if module and name:
+        return f"{module}.{name}"
+    held = next((v for v in getattr(value, "__dict__", {}).values() if inspect.isfunction(v)), None)
+    return f"{type(value).__name__} of {_origin(held)}" if held is not None else repr(value)

@@ -2,6 +2,12 @@
 `TEACHERS` under the name `teacher.kind` selects it by (conf/teacher/<kind>.yaml).
 
 A kind says
+- `needs_scorer`: whether it scores every sampled token of every rollout with a scorer its run
+  gives (teacher=model): the base environment then writes its rows on every trained token and
+  labels the group with the kind's registered name (`group_overrides.teacher`), which the record
+  rules hold to a row on every trained token. Such a kind whose run gives no scorer is refused,
+  naming `teacher.kind` (before any server starts where it keeps the base `serve`, else as the
+  environment is built), never run without rows;
 - `rows()`: what writes teacher rows into this run's records, in the config's words (None: nothing
   does); the loss terms that need them are checked against it before any server starts;
 - `preflight(model)`: what it checks before any server starts (every kind: that the weighted loss
@@ -11,8 +17,8 @@ A kind says
   `TeacherRun` the experiment reads: the scorer the environment gets, the watch of its server, the
   evaluation's ceiling and what environment workers need.
 A kind of yours is a `Teacher` subclass registered with `@TEACHERS.register("name")`; run_experiment
-reads only this interface. A name `teacher.kind` gives that is not registered is a ConfigError
-naming `teacher`, with the nearest name.
+reads only this interface (the scorer through `Teacher.scorer`, which checks it). A name
+`teacher.kind` gives that is not registered is a ConfigError naming `teacher`, with the nearest name.
 """
 
 from __future__ import annotations
@@ -58,15 +64,28 @@ class TeacherRun:
 class Teacher:
     """One kind of teacher over a run's config; this base is teacher=none's."""
 
+    # Whether its run gives a scorer of every sampled token of every rollout (see the module docstring).
+    needs_scorer: bool = False
+
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
 
+    @property
+    def name(self) -> str:
+        """The name it is registered and selected under (`teacher.kind`): the label of its groups."""
+        return self.cfg.teacher.kind
+
     def rows(self) -> str | None:
-        """What writes teacher rows into this run's records (None: nothing)."""
-        return None
+        """What writes teacher rows into this run's records (None: nothing): a kind that
+        `needs_scorer`, its scorer."""
+        return f"teacher={self.name}" if self.needs_scorer else None
 
     def preflight(self, model: str) -> None:
-        """Checks before any server starts (`model`: the student's): this base's `check_loss`."""
+        """Checks before any server starts (`model`: the student's): a kind that `needs_scorer`
+        serves one (its own `serve`), then this base's `check_loss`."""
+        if self.needs_scorer and type(self).serve is Teacher.serve:
+            raise ConfigError(f"teacher.kind: teacher={self.name} needs a scorer (it writes a teacher row on every trained token) but its serve() "
+                              f"gives none: {type(self).__qualname__} keeps the base Teacher.serve, whose run scores nothing", "teacher.kind")
         self.check_loss()
 
     def check_loss(self) -> None:
@@ -80,6 +99,23 @@ class Teacher:
         """Its server for the run's length (`workdir`: a local server's log and caches; `sweep`:
         the running sweep, whose shared teacher server is used when it matches)."""
         yield TeacherRun()
+
+    def scorer(self, run: TeacherRun, policy_urls: list[str], tracer: Tracer) -> Any:
+        """`run`'s scorer, for the environment (`run.scorer`). A kind that `needs_scorer` gives
+        one wherever groups are written (mode=evaluate measures the policy alone), and, with
+        environment workers (runner.workers > 1), theirs (`run.for_workers`): a ConfigError naming
+        `teacher.kind` otherwise, so that no group is written without its rows."""
+        scorer = run.scorer(policy_urls, tracer)
+        if not self.needs_scorer or self.cfg.mode == "evaluate":
+            return scorer
+        if scorer is None:
+            raise ConfigError(f"teacher.kind: teacher={self.name} needs a scorer (it writes a teacher row on every trained token) but its run "
+                              f"gives none (TeacherRun.scorer of {type(run).__qualname__} returned None)", "teacher.kind")
+        if self.cfg.runner.workers > 1 and run.for_workers() is None:
+            raise ConfigError(f"teacher.kind: teacher={self.name} gives environment workers (runner.workers={self.cfg.runner.workers}) no scorer "
+                              f"(TeacherRun.for_workers of {type(run).__qualname__} returned None): they would write groups without its rows; "
+                              f"use runner.workers=1", "teacher.kind")
+        return scorer
 
 
 TEACHERS: Registry[type[Teacher]] = Registry("teacher", "teacher")
@@ -105,13 +141,12 @@ class ModelTeacher(Teacher):
     """teacher=model: a model of the student's tokenizer scores every sampled token of every
     rollout, on its own server (or the policy's, when it is the same model and not refreshed)."""
 
+    needs_scorer = True
+
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
         # The teacher's model directory (or running server's model name), once checked.
         self.model: str | None = None
-
-    def rows(self) -> str | None:
-        return "teacher=model"
 
     def preflight(self, model: str) -> None:
         """mode=evaluate measures the policy alone (no teacher checked or served); otherwise

@@ -180,10 +180,10 @@ def make_group(rollouts: list[tuple[list[int], list[int], list[float]]], scores:
     }
 
 
-def assert_taught(group: dict[str, Any], topk: int | None = None) -> None:
-    """A valid teacher=model group whose every trained token of every rollout has the teacher's
-    row: its logprob of the sampled token and top-K (`topk` entries when given), no pad."""
-    assert check_group(group) == [] and group["group_overrides"]["teacher"] == "model"
+def assert_taught(group: dict[str, Any], topk: int | None = None, teacher: str = "model") -> None:
+    """A valid group of the `teacher` kind whose every trained token of every rollout has the
+    teacher's row: its logprob of the sampled token and top-K (`topk` entries when given), no pad."""
+    assert check_group(group) == [] and group["group_overrides"]["teacher"] == teacher
     for i, masks in enumerate(group["masks"]):
         trained = [p for p, m in enumerate(masks) if m != MASK]
         assert trained and all(group["overrides"][i]["teacher_logprobs"][p] is not None for p in trained)

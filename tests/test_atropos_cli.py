@@ -39,6 +39,20 @@ def test_atroposlib_config_starts_from_our_defaults_and_reads_back_as_overrides(
     assert cfg.server.max_model_len == ours.server.max_model_len  # atroposlib's max_token_length, which defaulted to ours
 
 
+def test_a_teacher_kind_of_yours_that_needs_a_scorer_is_refused_under_atroposlibs_commands(fixture_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """atroposlib's commands serve only teacher=model's scorer: before, a kind of yours that
+    needs one ran without it and wrote groups without a teacher row."""
+    from opd.atropos.inline_math import InlineMathAtropos
+    from opd.config import ConfigError
+    from test_teachers import scripted_kind
+
+    scripted_kind(monkeypatch)
+    with pytest.raises(ConfigError, match="^teacher.kind: under atroposlib's commands only teacher=model scores .* teacher=scripted needs a scorer") as info:
+        InlineMathAtropos._teacher(validate(compose(["teacher.kind=scripted"])), fixture_model)
+    assert info.value.key == "teacher.kind"
+    assert InlineMathAtropos._teacher(validate(compose([])), fixture_model) is None  # teacher=none needs none
+
+
 def atropos_process(tmp_path, url: str, model: str, out, overrides: list[str] = ()) -> subprocess.CompletedProcess:
     """atroposlib's `process` command on our inline_math env: 2 groups of 2 into `out`."""
     extra = ["--env.opd_overrides", json.dumps(list(overrides))] if overrides else []

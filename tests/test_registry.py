@@ -5,6 +5,7 @@ an entry carries what it declares (a loss term: whether it needs teacher rows)."
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -103,3 +104,27 @@ def test_a_loss_term_that_declares_it_needs_teacher_rows_is_refused_without_a_te
     taught = SimpleNamespace(env=cfg.env, teacher=cfg.teacher, trainer=SimpleNamespace(loss={"pg": 0.0, "teacher_ce": 1.0}))
     with pytest.raises(ConfigError, match="trainer.loss: teacher_ce=1 needs teacher rows and env=inline_math without a teacher writes none"):
         check_loss_weights(taught, None)
+
+
+def test_tools_are_registered_like_every_plug_in_a_name_twice_refused_a_near_miss_answered_with_the_nearest() -> None:
+    """Before, a toolbox refused a duplicate with a bare ValueError and the module's tool lists
+    took any name twice; a model's near-miss call named only the tools there are."""
+    from opd.tools import math_tools, workspace
+    from opd.tools.registry import Tool, Toolbox
+
+    async def run(ctx: object, args: dict[str, str]) -> str:
+        return args["expr"]
+
+    twin = Tool("calculator", "Another calculator.", (("expr", "arithmetic"),), run)
+    with pytest.raises(DuplicateName, match=r"^tool 'calculator' is registered twice: Tool of opd.tools.math_tools._calculator and Tool of "
+                                            r"test_registry\..*\.run$"):
+        math_tools.TOOLS.add("calculator", twin)
+    with pytest.raises(DuplicateName, match="tool 'calculator' is registered twice"):
+        Toolbox([twin, twin])
+    assert math_tools.TOOLS.names == ["calculator", "python_interpreter"] and workspace.TOOLS.names == ["write_file", "read_file", "terminal", "patch"]
+    box = Toolbox(math_tools.TOOLS)
+    near = asyncio.run(box.run("calculater", {"expr": "1"}))
+    assert (near.status, near.as_text()) == ("malformed", "error: unknown tool 'calculater'; did you mean calculator? available: calculator, python_interpreter")
+    # A name near none reads as before; a known tool runs as before.
+    assert asyncio.run(box.run("shell", {})).as_text() == "error: unknown tool 'shell'; available: calculator, python_interpreter"
+    assert asyncio.run(Toolbox([twin]).run("calculator", {"expr": "2 + 3"})).as_text() == "2 + 3"

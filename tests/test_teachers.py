@@ -56,8 +56,7 @@ def test_a_teacher_kind_registered_by_a_test_runs_through_the_experiment_with_it
 
     @teachers.TEACHERS.register("scripted")
     class ScriptedTeacher(teachers.Teacher):
-        def rows(self) -> str | None:
-            return "teacher=scripted"
+        needs_scorer = True
 
         def preflight(self, model: str) -> None:
             super().preflight(model)
@@ -78,7 +77,110 @@ def test_a_teacher_kind_registered_by_a_test_runs_through_the_experiment_with_it
     groups = list(read_groups(tmp_path / "run" / "groups.jsonl"))
     assert len(groups) == 2
     for group in groups:
-        assert_taught(group, topk=4)
+        # Labelled with the kind's own name (not "model"), which the record rules hold to a row on every trained token.
+        assert_taught(group, topk=4, teacher="scripted")
         assert group["group_overrides"]["teacher_model"] == "scripted_teacher"
     # Its scorer was probed once at start-up (can it return top-K rows?), then scored each rollout once.
     assert sorted(map(tuple, client.scored[1:])) == sorted(tuple(t) for g in groups for t in g["tokens"])
+
+
+def scripted_kind(monkeypatch: pytest.MonkeyPatch, run: Any = None) -> type:
+    """A kind `scripted` that declares it needs a scorer, registered for this test only; its
+    `serve` yields `run` (None: it keeps the base's, which yields no scorer)."""
+    from opd import teachers
+
+    monkeypatch.setattr(teachers, "TEACHERS", teachers.TEACHERS.copy())
+
+    class ScriptedTeacher(teachers.Teacher):
+        needs_scorer = True
+
+    if run is not None:
+        def serve(self: Any, model: str, workdir: Path, sweep: Any = None) -> Iterator[Any]:
+            yield run
+
+        ScriptedTeacher.serve = contextlib.contextmanager(serve)  # type: ignore[method-assign]
+    return teachers.TEACHERS.register("scripted")(ScriptedTeacher)
+
+
+def test_a_kind_that_needs_a_scorer_and_serves_none_is_refused_naming_teacher_kind_before_any_server_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It declares rows on every trained token but keeps the base `serve`, which gives no scorer:
+    before, the run went on and wrote groups without a single teacher row."""
+    from experiments.launch import launch
+    from opd import experiment
+
+    scripted_kind(monkeypatch)
+    monkeypatch.setattr(experiment, "inference_servers", lambda *a, **k: pytest.fail("a server was started"))
+    with pytest.raises(ConfigError) as info:
+        launch(compose([f"output_dir={tmp_path / 'run'}", f"tracking.artifact_root={tmp_path / 'mlruns'}", "teacher.kind=scripted"]))
+    assert info.value.key == "teacher.kind"
+    assert str(info.value).startswith("teacher.kind: teacher=scripted needs a scorer (it writes a teacher row on every trained token) but its serve() "
+                                      "gives none")
+    assert not (tmp_path / "run" / "groups.jsonl").exists()
+
+
+@pytest.mark.parametrize("mode", ["train", "evaluate"])
+def test_a_kind_whose_run_gives_no_scorer_is_refused_at_start_where_groups_are_written(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its `serve` is its own, but the run it yields has no scorer: the run stops as the
+    environment is built, naming teacher.kind; mode=evaluate measures the policy alone."""
+    from opd.teachers import TeacherRun
+    from opd.tracking.traces import Tracer
+
+    kind = scripted_kind(monkeypatch, TeacherRun())(validate(compose(["teacher.kind=scripted", f"mode={mode}"])))
+    if mode == "evaluate":
+        assert kind.scorer(TeacherRun(), [], Tracer.off()) is None
+        return
+    with pytest.raises(ConfigError, match=r"^teacher.kind: teacher=scripted needs a scorer .* its run gives none \(TeacherRun.scorer of TeacherRun returned None\)$") as info:
+        kind.scorer(TeacherRun(), [], Tracer.off())
+    assert info.value.key == "teacher.kind"
+
+
+def test_a_kind_that_needs_a_scorer_gives_environment_workers_theirs_or_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """runner.workers > 1: each worker builds its scorer from `TeacherRun.for_workers`; a run
+    that gives none would have the workers write groups without rows."""
+    from opd.teachers import TeacherRun
+    from opd.tracking.traces import Tracer
+
+    class Scoring(TeacherRun):
+        def scorer(self, policy_urls: list[str], tracer: Any) -> Any:
+            return object()
+
+    kind = scripted_kind(monkeypatch, Scoring())(validate(compose(["teacher.kind=scripted", "runner.workers=2"])))
+    with pytest.raises(ConfigError, match=r"^teacher.kind: teacher=scripted gives environment workers \(runner.workers=2\) no scorer") as info:
+        kind.scorer(Scoring(), [], Tracer.off())
+    assert info.value.key == "teacher.kind"
+
+
+def test_a_group_labelled_with_a_plug_in_kind_is_held_to_a_row_on_every_trained_token(fixture_model: str, tokenizer: Any,
+                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The base environment labels the group with the kind that scored it, and the record rules
+    hold any kind's label to a row on every trained token (before, only `model` was checked: a
+    plug-in kind's group could lack rows and pass)."""
+    import asyncio
+    import json
+
+    from opd import build
+    from opd.data.sources import TaskSet
+    from opd.distill.teacher_model import TeacherModel
+    from opd.records import DISTILL_PAD_ID, DISTILL_PAD_LOGPROB, MASK, check_group
+    from opd.serving.pool import ServerPool
+    from opd.tracking.traces import Tracer
+    from scripted import ScriptedClient, text_generator
+    from test_teacher import MATH_ANSWER, MATH_CALL, MATH_ITEM, teacher_rows
+
+    scripted_kind(monkeypatch)
+    policy = ScriptedClient(generate=text_generator(tokenizer, [(MATH_CALL, "stop"), (MATH_ANSWER, "stop")] * 2))
+    scorer = TeacherModel(ServerPool([ScriptedClient(score=teacher_rows)], 4, 3, backoff_s=0.01), "scripted_teacher", 4)
+    env = build.environment(validate(compose(["group_size=2", "teacher.kind=scripted"])), TaskSet(train=[MATH_ITEM], eval=[], source="test"),
+                            fixture_model, ServerPool([policy], 8, 3, backoff_s=0.01), Tracer.off(), None, scorer)
+    try:
+        group, _ = asyncio.run(env.collect_trajectories(MATH_ITEM))
+    finally:
+        asyncio.run(env.close())
+    assert group["group_overrides"]["teacher"] == "scripted" and check_group(group) == []
+    assert env.group_metrics(group)["teacher/token_coverage"] == 1.0
+    trained = [p for p, m in enumerate(group["masks"][0]) if m != MASK]
+    holed = json.loads(json.dumps(group))
+    holed["distill_token_ids"][0][trained[2]] = [DISTILL_PAD_ID] * 4
+    holed["distill_logprobs"][0][trained[2]] = [DISTILL_PAD_LOGPROB] * 4
+    assert f"trained token [0][{trained[2]}] has no teacher row or teacher logprob, but group_overrides.teacher is scripted" in check_group(holed)

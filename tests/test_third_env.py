@@ -88,3 +88,39 @@ def test_an_environment_without_a_rollout_fails_where_its_class_is_defined() -> 
 
     with pytest.raises(TypeError, match=r"Incomplete: an environment implements `async def rollout\(self, item, temperature, prepared\)"):
         type("Incomplete", (RolloutEnv,), {"name": "incomplete"})
+
+
+def test_an_environment_declares_its_budgets_and_tools_with_no_constructor_of_its_own(fixture_model, tokenizer) -> None:
+    """The base reads what an env declares: its budgets (`budget_fields`: env.* fields every group
+    keeps in `generation_params`) and its tools (`tool_schemas`: the chat format's start-up check
+    and the turn parser). echo declares its budget and needs no constructor."""
+    import asyncio
+
+    from conftest import compose
+    from opd import build
+    from opd.config import validate
+    from opd.data.sources import TaskSet
+    from opd.envs import math_prompt
+    from opd.serving.pool import ServerPool
+    from opd.tracking.traces import Tracer
+    from scripted import ScriptedClient, text_generator
+    from third_env.echo import EchoEnv
+
+    class Budgeted(EchoEnv):
+        budget_fields = ("max_tokens", "eval_temperature")
+        tool_schemas = math_prompt.TOOLS
+
+    assert "__init__" not in vars(EchoEnv)
+    item = {"id": "echo-0", "word": "apple"}
+    cfg = validate(compose([f"hydra.searchpath=[file://{THIRD / 'conf'}]", "env=echo", "group_size=1", "env.max_tokens=12"]))
+    policy = ScriptedClient(generate=text_generator(tokenizer, [("Apple.<|im_end|>", "stop")]))
+    args, kwargs = build.environment_arguments(cfg, TaskSet(train=[item], eval=[item], source="test"), fixture_model,
+                                               ServerPool([policy], 4, 1, backoff_s=0.01), Tracer.off())
+    env = Budgeted(*args, **kwargs)
+    try:
+        group, _ = asyncio.run(env.collect_trajectories(item))
+        parser = asyncio.run(env.parser.get())
+    finally:
+        asyncio.run(env.close())
+    assert check_group(group) == [] and (group["generation_params"]["max_tokens"], group["generation_params"]["eval_temperature"]) == (12, 0.0)
+    assert [tool.function.name for tool in parser.request.tools] == ["calculator", "python_interpreter"]

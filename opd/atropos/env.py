@@ -205,10 +205,15 @@ class AtroposEntry:
     @staticmethod
     def _teacher(cfg: Config, tokenizer: str) -> Any:
         """teacher=model's scoring over its running server (checked against the student's
-        tokenizer first); None without one. atroposlib's loop has no place to start and stop a
-        server, so the teacher must be running (teacher.server.base_url)."""
-        if cfg.teacher.kind != "model":
+        tokenizer first); None where the kind needs no scorer. atroposlib's loop has no place to
+        start and stop a server, so the teacher must be running (teacher.server.base_url); a kind
+        of yours that needs a scorer is refused, naming teacher.kind (its groups would lack rows)."""
+        kind = teacher_of(cfg)
+        if not kind.needs_scorer:
             return None
+        if not isinstance(kind, ModelTeacher):
+            raise ConfigError(f"teacher.kind: under atroposlib's commands only teacher=model scores (on a running server); teacher={kind.name} "
+                              f"needs a scorer they cannot serve: run it with python -m experiments.launch", "teacher.kind")
         if cfg.teacher.server.base_url is None:
             raise ConfigError("teacher.server.base_url: under atroposlib's commands teacher=model scores on a running server: "
                               "teacher.server.base_url=http://HOST:PORT/v1 (python -m experiments.launch also starts one itself)",

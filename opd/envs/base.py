@@ -2,17 +2,19 @@
 our server pool, with atroposlib's `ScoredDataGroup` as the group it makes.
 
 The base owns the group: the item order (a seeded shuffle of the train split, epoch after epoch),
-`group_size` rollouts of an item at once (one trace root and latency ledger each), teacher=model's
-rows on every rollout whenever the run has a teacher model, the group record, the per-group
+`group_size` rollouts of an item at once (one trace root and latency ledger each), the teacher's
+rows on every rollout whenever the run's teacher kind gives a scorer (teacher=model, or a kind of
+yours: the group is labelled with the kind's name), the group record, the per-group
 metrics every env has, and the evaluation (one rollout per held-out item). A subclass implements
 one method, `rollout(item, temperature, prepared)`: one scored rollout as a `RolloutResult`
 (failing at class definition without it), and may add:
 - `prepare(item, training)`: what every rollout of a group shares (inline_math: its prompt);
 - `finish_group(group, item, results, roots, rows)`: its own stage on the whole group (opd_coding:
   the judge's hints; inline_math: the dynamic few-shot pool);
-- `env_metrics(group)`: its own per-group metrics; `item_fields`: item keys the record keeps.
-It passes its tool schemas up, for the start-up check of the model's chat format and for the
-turn parser (`self.parser`), which loads on a thread while the first requests go out.
+- `env_metrics(group)`: its own per-group metrics; `item_fields`: item keys the record keeps;
+  `budget_fields`: env.* fields the record keeps (its budgets); `tool_schemas`: its tools' schemas,
+  for the start-up check of the model's chat format and for the turn parser (`self.parser`), which
+  loads on a thread while the first requests go out.
 The runner (`opd.runner`) drives it, not atroposlib's `process_manager` (which has no error
 isolation and can loop forever), and checks every group once before it is written. The methods
 keep atroposlib's `BaseEnv` names and signatures, so `opd.atropos` runs the same classes under
@@ -133,6 +135,10 @@ class RolloutEnv:
     build_rubric: Callable[[Any], Rubric[Any]]
     # Keys of an item the group record keeps in `group_overrides` (inline_math: its answer).
     item_fields: tuple[str, ...] = ()
+    # Fields of env.* every group records in `generation_params`: its budgets (inline_math: max_new_tokens).
+    budget_fields: tuple[str, ...] = ()
+    # The schemas of the tools the model is shown (opd.tools.registry.schemas; none: a plain chat).
+    tool_schemas: tuple[dict[str, Any], ...] | list[dict[str, Any]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -140,16 +146,17 @@ class RolloutEnv:
             raise TypeError(f"{cls.__name__}: an environment implements `async def rollout(self, item, temperature, prepared) -> RolloutResult`")
 
     def __init__(self, cfg: EnvConfig, reward: Any, *, data: TaskSet, pool: ServerPool, tokenizer_path: str, group_size: int, max_model_len: int,
-                 seed: int, tracer: Tracer, chat_format: ChatFormat, tools: list[dict[str, Any]], drop_equal_scores: bool = False,
-                 tokenizer: Any = None, served_weights: ServedWeights | None = None, teacher: TeacherModel | None = None,
-                 record_params: dict[str, Any] | None = None) -> None:
+                 seed: int, tracer: Tracer, chat_format: ChatFormat, drop_equal_scores: bool = False, tokenizer: Any = None,
+                 served_weights: ServedWeights | None = None, teacher: TeacherModel | None = None, teacher_kind: str = "model") -> None:
         # env.* (an opd.config.EnvConfig) and the rubric of reward.*, which owns the whole score.
         self.cfg = cfg
         self.rubric = self.build_rubric(reward)
         # Requests go through our pool (slots, retries). `tokenizer`: one already loaded (atroposlib's).
         self.server = pool
-        # teacher=model: scores every sampled token of every rollout over its own pool (None: no teacher model).
-        self.teacher = teacher
+        # The teacher kind's scorer (teacher=model's, or a kind of yours): scores every sampled token of
+        # every rollout over its own pool (None: no teacher scores them). `teacher_kind`: that kind's
+        # registered name (`teacher.kind`), the groups' `group_overrides.teacher`.
+        self.teacher, self.teacher_kind = teacher, teacher_kind
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(tokenizer_path)
         self.data = data
         self.group_size = group_size
@@ -159,11 +166,12 @@ class RolloutEnv:
         self.temperature, self.sampling, self.eval_temperature = cfg.temperature, dict(cfg.sampling), cfg.eval_temperature
         self.drop_equal_scores = drop_equal_scores
         # The env's budgets every group records in `generation_params` (e.g. max_new_tokens).
-        self.record_params = dict(record_params or {})
+        self.record_params = {name: getattr(cfg, name) for name in self.budget_fields}
         self.rng = random.Random(seed)
         # The model's format; the start-up check stops here, naming what is missing, when the
         # tokenizer or the chat template cannot carry it.
         self.chat_format = chat_format
+        tools = list(self.tool_schemas)
         check(chat_format, self.tokenizer, tools, tokenizer_path)
         # vLLM's parsers of the format, loaded off the start-up path (see BackgroundParser).
         self.parser = BackgroundParser(lambda: TurnParser(chat_format, self.tokenizer, tools))
@@ -186,22 +194,23 @@ class RolloutEnv:
         return self.request_counts().failed
 
     async def teach(self, sequence: Any) -> TeacherRows | None:
-        """teacher=model's rows on every sampled token of one finished rollout (None: no teacher
-        model); a failure after the teacher pool's retries fails the group."""
+        """The teacher's rows on every sampled token of one finished rollout (None: no scorer); a
+        failure after the teacher pool's retries fails the group."""
         if self.teacher is None:
             return None
         with latency.phase("opd"):
             return await self.teacher.score_sequence(sequence.tokens, sequence.masks)
 
     def add_teacher_rows(self, group: dict[str, Any], rows: list[TeacherRows]) -> None:
-        """Put teacher=model's rows in the group's OPD fields and mark the group as taught on
-        every trained token (`group_overrides.teacher`, which the record rules check)."""
+        """Put the teacher's rows in the group's OPD fields and mark the group as taught on every
+        trained token by its kind (`group_overrides.teacher`: the kind's name, which the record
+        rules hold to a row on every trained token) and model (`teacher_model`)."""
         assert self.teacher is not None
         fields = sequence_fields(rows)
         group["distill_token_ids"], group["distill_logprobs"] = fields["distill_token_ids"], fields["distill_logprobs"]
         for detail, lps in zip(group["overrides"], fields["teacher_logprobs"]):
             detail["teacher_logprobs"] = lps
-        group["group_overrides"].update(teacher="model", teacher_model=self.teacher.model)
+        group["group_overrides"].update(teacher=self.teacher_kind, teacher_model=self.teacher.model)
 
     async def setup(self) -> None:
         """Fail before generating if teacher=model's server cannot return its top-K rows (data is
@@ -290,7 +299,7 @@ class RolloutEnv:
 
     async def finish_group(self, group: ScoredDataGroup, item: dict[str, Any], results: list[RolloutResult], roots: list[Any],
                            rows: list[TeacherRows] | None) -> None:
-        """The env's own stage on a recorded group (`rows`: teacher=model's, None without one)."""
+        """The env's own stage on a recorded group (`rows`: the teacher scorer's, None without one)."""
 
     def drop_reason(self, group: dict[str, Any]) -> str | None:
         """Why the runner should not write `group` (None: write it): with `drop_equal_scores`, a
@@ -350,7 +359,7 @@ class RolloutEnv:
         }
         for name in details[0]["reward_signals"]:
             metrics[f"reward/{name}"] = sum(d["reward_signals"][name] for d in details) / n
-        if group["group_overrides"].get("teacher") == "model":
+        if group["group_overrides"].get("teacher") is not None:  # a scorer's rows on every trained token
             metrics.update(teacher_metrics(group))
         return {**metrics, **self.env_metrics(group)}
 

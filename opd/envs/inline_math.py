@@ -77,11 +77,14 @@ class InlineMathEnv(RolloutEnv):
     name = "inline_math"
     # The whole score from reward=<env> (checked before any server starts: opd.build.preflight).
     build_rubric = staticmethod(rewards.rubric)
-    # The record keeps the problem's answer (the viewer shows it).
+    # The record keeps the problem's answer (the viewer shows it) and the rollout's token budget.
     item_fields = ("answer",)
+    budget_fields = ("max_new_tokens",)
+    # The tools the model is shown.
+    tool_schemas = math_prompt.TOOLS
 
     def __init__(self, cfg: InlineMathEnvConfig, reward: InlineMathRewardConfig, **common: Any) -> None:
-        super().__init__(cfg, reward, tools=math_prompt.TOOLS, record_params={"max_new_tokens": cfg.max_new_tokens}, **common)
+        super().__init__(cfg, reward, **common)
         self.reward_cfg = reward
         self.verifier = Verifier(reward.verify_workers, reward.verify_timeout_s)
         self._verifier_start: asyncio.Task[None] | None = None

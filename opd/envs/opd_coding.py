@@ -41,9 +41,13 @@ class OPDCodingEnv(RolloutEnv):
     name = "opd_coding"
     # The whole score from reward=<env> (checked before any server starts: opd.build.preflight).
     build_rubric = staticmethod(rewards.rubric)
+    # The record keeps a turn's token budget.
+    budget_fields = ("max_tokens_per_turn",)
+    # The tools the agent is shown.
+    tool_schemas = coding_prompt.TOOLS
 
     def __init__(self, cfg: OPDCodingEnvConfig, reward: OPDCodingRewardConfig, judge: JudgeConfig, judge_pool: ServerPool | None = None, **common: Any) -> None:
-        super().__init__(cfg, reward, tools=coding_prompt.TOOLS, record_params={"max_tokens_per_turn": cfg.max_tokens_per_turn}, **common)
+        super().__init__(cfg, reward, **common)
         self.reward_cfg, self.judge_cfg = reward, judge
         self.system_prompt = cfg.system_prompt or coding_prompt.SYSTEM_PROMPT
         self.judge_pool = judge_pool or self.server

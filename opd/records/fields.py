@@ -95,7 +95,9 @@ MESSAGE = Record({"role": STR, "content": (STR, NULL, ListOf(Check(lambda v: typ
 # The group's optional fields besides the numeric arrays (`opd.records.rules` checks those).
 GROUP = Record({
     "overrides": (NULL, ListOf(DETAIL)),
-    "group_overrides": (NULL, Record({"env": STR, "item_id": (STR, INT), "answer": (STR, NUMBER), "weight_version": COUNT64, "opd_wall_s": NUMBER})),
+    # `teacher`: the teacher kind that scored every sampled token (its rows: a value rule), `teacher_model` its model.
+    "group_overrides": (NULL, Record({"env": STR, "item_id": (STR, INT), "answer": (STR, NUMBER), "weight_version": COUNT64, "opd_wall_s": NUMBER,
+                                      "teacher": (STR, NULL), "teacher_model": STR})),
     "generation_params": (NULL, DictOf((*SCALAR, ListOf(SCALAR)))),
     "messages": (NULL, ListOf((NULL, ListOf(MESSAGE)))),
     "advantages": (NULL, ListOf((NULL, ListOf(NUMBER)))),

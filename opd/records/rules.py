@@ -40,8 +40,9 @@ class SequenceView:
     logprobs: np.ndarray | None = None
     teacher_ids: np.ndarray | None = None
     teacher_logprobs: np.ndarray | None = None
-    # The group says a teacher model scored every sampled token (`group_overrides.teacher: model`).
-    taught_everywhere: bool = False
+    # The teacher kind the group says scored every sampled token (`group_overrides.teacher`, e.g.
+    # model; any kind's name); None: no such claim (no teacher, or the self-hint teacher's hinted turns).
+    taught_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -341,19 +342,20 @@ def teacher_rows_are_sorted(view: SequenceView) -> str | None:
 
 @rule("value")
 def teacher_model_rows_cover_every_trained_token(view: SequenceView) -> str | None:
-    """With teacher=model, every generated (trained) token has a teacher row and the teacher's
-    logprob of the sampled token: the OPD terms train on every token, a missing row would be
-    silently skipped."""
-    if not view.taught_everywhere:
+    """Where the group names the teacher kind that scored it (`group_overrides.teacher`: model, or
+    a kind of yours), every generated (trained) token has a teacher row and the teacher's logprob
+    of the sampled token: the OPD terms train on every token, a missing row would be silently
+    skipped."""
+    if view.taught_by is None:
         return None
     if view.teacher_ids is None:
-        return f"sequence {view.index} has no distill rows, but group_overrides.teacher is model (a row on every trained token)"
+        return f"sequence {view.index} has no distill rows, but group_overrides.teacher is {view.taught_by} (a row on every trained token)"
     bad = _first(view.generated & ~_teacher_rows(view))
     if bad is None:
         sampled = view.raw.get("teacher_logprobs")
         missing = view.generated & np.array([t is None for t in sampled], dtype=bool) if isinstance(sampled, list) and len(sampled) == view.generated.size else view.generated
         bad = _first(missing)
-    return None if bad is None else f"trained token [{view.index}][{bad}] has no teacher row or teacher logprob, but group_overrides.teacher is model"
+    return None if bad is None else f"trained token [{view.index}][{bad}] has no teacher row or teacher logprob, but group_overrides.teacher is {view.taught_by}"
 
 
 def _teacher_rows(view: SequenceView) -> np.ndarray:
@@ -380,10 +382,10 @@ def _problems(group: dict[str, Any]) -> Iterator[str]:
             yield problem
             break
     fields = [f for f in _SEQUENCE_FIELDS if group.get(f) is not None]
-    taught = isinstance(group.get("group_overrides"), dict) and group["group_overrides"].get("teacher") == "model"
+    taught = _taught_by(group)
     for i, score in enumerate(group["scores"]):
-        view = SequenceView(i, score, {f: group[f][i] for f in fields}, taught_everywhere=taught)
-        if taught:
+        view = SequenceView(i, score, {f: group[f][i] for f in fields}, taught_by=taught)
+        if taught is not None:
             details = group.get("overrides")
             detail = details[i] if isinstance(details, list) and i < len(details) else None
             view.raw["teacher_logprobs"] = detail.get("teacher_logprobs") if isinstance(detail, dict) else None
@@ -398,6 +400,14 @@ def _problems(group: dict[str, Any]) -> Iterator[str]:
         for r in RULES.values():
             if r.layer == "value" and (problem := r.check(view)):
                 yield problem
+
+
+def _taught_by(group: dict[str, Any]) -> str | None:
+    """The teacher kind the group says scored every sampled token: `group_overrides.teacher`, any
+    kind's name (the base environment writes it only where the kind's scorer scored every rollout;
+    a label that is not a string is the field rules' problem, not a claim)."""
+    label = group["group_overrides"].get("teacher") if isinstance(group.get("group_overrides"), dict) else None
+    return label if isinstance(label, str) else None
 
 
 def check_group(group: dict[str, Any]) -> list[str]:

@@ -8,7 +8,8 @@ from typing import Any
 
 from opd.config import SandboxConfig
 from opd.tools.calculator import CalculatorError, CalculatorLimits, evaluate
-from opd.tools.registry import Tool, ToolError
+from opd.registry import Registry
+from opd.tools.registry import Tool, ToolError, toolset
 from opd.jail.sandbox import run_python
 
 
@@ -35,7 +36,7 @@ async def _python(ctx: MathTools, args: dict[str, str]) -> dict[str, Any]:
 
 
 # Names and descriptions are what the model reads (the fixture model was trained on them).
-TOOLS: list[Tool] = [
+TOOLS: Registry[Tool] = toolset([
     Tool("calculator", "Evaluate an arithmetic expression and return its value.", (("expr", "Arithmetic, e.g. (2 + 3) * 4"),), _calculator),
     Tool("python_interpreter", "Run a short Python program; returns stdout, stderr and the value of a final expression.", (("code", "Python source code"),), _python),
-]
+])

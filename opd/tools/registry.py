@@ -1,16 +1,21 @@
 """Tools as data: a name, a description, string parameters and a coroutine that runs it.
 
-A `Toolbox` is the set of tools one rollout may call, bound to that rollout's context (its
-workspace, its sandbox limits). It gives the schemas the chat template shows the model, and runs a
-call by name: an unknown tool or a missing or non-string argument is a `malformed` outcome (nothing ran); a tool that raises `ToolError` is an `error` outcome (it ran
-and failed, and may still return content, e.g. a program's stderr); anything else is `ok`.
-Every outcome is something to show the model, never an exception.
+A module's tools are a `Registry` (opd.registry, as every plug-in point's): `toolset(...)` names
+them, refusing a name given twice. A `Toolbox` is the set of tools one rollout may call, bound to
+that rollout's context (its workspace, its sandbox limits). It gives the schemas the chat template
+shows the model, and runs a call by name: an unknown tool (answered with the nearest name, if one
+is close) or a missing or non-string argument is a `malformed` outcome (nothing ran); a tool that
+raises `ToolError` is an `error` outcome (it ran and failed, and may still return content, e.g. a
+program's stderr); anything else is `ok`. Every outcome is something to show the model, never an
+exception.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Union
+
+from opd.registry import Registry
 
 
 class ToolError(Exception):
@@ -66,30 +71,44 @@ class ToolOutcome:
         return str(self.content) if self.content is not None else f"error: {self.error}"
 
 
-def schemas(tools: Sequence[Tool]) -> list[dict[str, Any]]:
-    return [tool.schema() for tool in tools]
+# Tools by name (`toolset`), or a sequence of them.
+Tools = Union[Registry[Tool], Iterable[Tool]]
+
+
+def toolset(tools: Tools) -> Registry[Tool]:
+    """`tools` by name, in order (a Registry as it is); a name given twice is a DuplicateName."""
+    if isinstance(tools, Registry):
+        return tools
+    found: Registry[Tool] = Registry("tool")
+    for tool in tools:
+        found.add(tool.name, tool)
+    return found
+
+
+def schemas(tools: Tools) -> list[dict[str, Any]]:
+    return [tool.schema() for tool in toolset(tools).values()]
 
 
 class Toolbox:
     """The tools of one rollout, bound to its context."""
 
-    def __init__(self, tools: Sequence[Tool], context: Any = None) -> None:
-        self.tools = {tool.name: tool for tool in tools}
-        if len(self.tools) != len(tools):
-            raise ValueError(f"tool names must be unique: {[t.name for t in tools]}")
+    def __init__(self, tools: Tools, context: Any = None) -> None:
+        self.tools = toolset(tools)
         self.context = context
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(self.tools)
+        return tuple(self.tools.names)
 
     def schemas(self) -> list[dict[str, Any]]:
-        return schemas(list(self.tools.values()))
+        return schemas(self.tools)
 
     async def run(self, name: str, arguments: dict[str, Any]) -> ToolOutcome:
-        tool = self.tools.get(name)
-        if tool is None:
-            return ToolOutcome("malformed", name, error=f"unknown tool {name!r}; available: {', '.join(self.tools)}")
+        if name not in self.tools:
+            close = self.tools.nearest(name)
+            hint = f"; did you mean {close}?" if close else ";"
+            return ToolOutcome("malformed", name, error=f"unknown tool {name!r}{hint} available: {', '.join(self.tools.names)}")
+        tool = self.tools[name]
         for key, _ in tool.parameters:
             value = arguments.get(key)
             if not isinstance(value, str):

@@ -26,7 +26,8 @@ import stat
 from pathlib import PurePosixPath
 
 from opd.config import SandboxConfig
-from opd.tools.registry import Tool, ToolError
+from opd.registry import Registry
+from opd.tools.registry import Tool, ToolError, toolset
 from opd.jail import tmpfs
 from opd.jail.call_dirs import CallDirs, disk_usage, launcher_dirs
 from opd.jail.sandbox import run_command
@@ -269,9 +270,9 @@ async def _patch(ws: Workspace, args: dict[str, str]) -> str:
 
 # The agent's tools; their names and descriptions are what the model reads (the fixture model was
 # trained on them: rebuild it after editing).
-TOOLS: list[Tool] = [
+TOOLS: Registry[Tool] = toolset([
     Tool("write_file", "Write a text file in the sandbox (replaces it).", (("path", "relative path"), ("content", "file content")), _write_file),
     Tool("read_file", "Read a text file of the sandbox.", (("path", "relative path"),), _read_file),
     Tool("terminal", "Run a shell command in the sandbox directory; returns its output and exit code.", (("command", "shell command"),), _terminal),
     Tool("patch", "Replace one exact occurrence of `old` with `new` in a file.", (("path", "relative path"), ("old", "text to find"), ("new", "replacement")), _patch),
-]
+])

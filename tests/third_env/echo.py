@@ -64,10 +64,8 @@ def load_data(cfg: Config) -> TaskSet:
 
 class EchoEnv(RolloutEnv):
     name = "echo"
+    budget_fields = ("max_tokens",)
     build_rubric = staticmethod(rubric)
-
-    def __init__(self, cfg: EchoEnvConfig, reward: EchoRewardConfig, **common: Any) -> None:
-        super().__init__(cfg, reward, tools=[], record_params={"max_tokens": cfg.max_tokens}, **common)
 
     async def rollout(self, item: dict[str, Any], temperature: float, prepared: Any) -> RolloutResult:
         prompt = self.chat_format.render_ids(self.tokenizer, [{"role": "user", "content": f"Say {item['word']}."}], None, add_generation_prompt=True)
