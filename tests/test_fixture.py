@@ -219,24 +219,25 @@ def test_the_student_is_the_teachers_build_stopped_early() -> None:
         assert (fixture_build.STUDENT_DIR / name).read_bytes() == (fixture_build.TEACHER_DIR / name).read_bytes(), name
 
 
-def _greedy_evaluation(out: Path, model: str) -> list[dict]:
-    """`mode=evaluate` of inline_math's held-out split (40 items, greedy) on `model`, served by the
-    run's own vLLM (one server at a time): one line per item."""
+def _greedy_evaluation(out: Path, model: str, url: str | None = None) -> list[dict]:
+    """`mode=evaluate` of inline_math's held-out split (40 items, greedy) on `model`: served at
+    `url`, or (None) by the run's own vLLM; one line per item."""
     from conftest import compose
     from experiments.launch import launch
+    from helpers import run_args
 
-    launch(compose([
-        "env=inline_math", "mode=evaluate", "eval.samples_per_item=0", f"server.model={model}",
-        f"output_dir={out / 'run'}", f"tracking.uri=sqlite:///{out / 'mlflow.db'}",
-        f"tracking.artifact_root={out / 'mlruns'}", "runner.progress=false",
-    ]))
+    server = run_args(out, model, url) if url else [f"server.model={model}", f"tracking.uri=sqlite:///{out / 'mlflow.db'}",
+                                                    f"tracking.artifact_root={out / 'mlruns'}", "runner.progress=false"]
+    launch(compose(["env=inline_math", "mode=evaluate", "eval.samples_per_item=0", *server, f"output_dir={out / 'run'}"]))
     return [json.loads(line) for line in (out / "run" / "eval" / "step_000000.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_the_teacher_answers_held_out_problems_the_fixture_cannot(tmp_path: Path, fixture_model: str) -> None:
-    student = _greedy_evaluation(tmp_path / "fixture", fixture_model)
+def test_the_teacher_answers_held_out_problems_the_fixture_cannot(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
+    # The fixture on the session's server (its weights, the untied copy's same values); the
+    # teacher on a server of the run's own.
+    student = _greedy_evaluation(tmp_path / "fixture", fixture_model, vllm_url)
     teacher = _greedy_evaluation(tmp_path / "teacher", str(fixture_build.TEACHER_DIR))
     assert [r["item_id"] for r in student] == [r["item_id"] for r in teacher] and len(teacher) == 40
     small_answer_sets = {"parity", "digit_count"}

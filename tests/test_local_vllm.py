@@ -74,3 +74,37 @@ def test_the_teachers_local_server_is_built_whatever_serves_the_policy(policy: l
             assert "--no-enable-chunked-prefill" not in command
     finally:
         shutil.rmtree(server.scratch)
+
+
+def test_a_start_after_the_first_finds_the_model_info_vllm_wrote_at_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM inspects the model's class in a subprocess of its own (about 9 s of CPU) unless its
+    cache folder holds the class's model info; a run's folder is new every run, so the info one
+    server wrote is kept in opd's cache and copied into the next run's folder before it starts.
+    A cache folder the user set (server.environment) is left to vLLM."""
+    import subprocess
+
+    from opd.serving import local_vllm, modelinfos
+
+    monkeypatch.setenv("OPD_CACHE_DIR", str(tmp_path / "opd-cache"))
+    info = b'{"hash": "0123", "modelinfo": {"architecture": "Qwen2ForCausalLM"}}'
+    popen, found = subprocess.Popen, []
+
+    def vllm(args: list[str], **kwargs):  # stands in for vLLM: reads its cache, writes the model info, idles
+        infos = Path(kwargs["env"]["VLLM_CACHE_ROOT"]) / "modelinfos"
+        found.append(sorted(p.name for p in infos.iterdir()) if infos.is_dir() else [])
+        infos.mkdir(parents=True, exist_ok=True)
+        (infos / "vllm-model_executor-models-qwen2-Qwen2ForCausalLM.json").write_bytes(info)
+        return popen(["sleep", "60"], **kwargs)
+
+    monkeypatch.setattr(local_vllm.subprocess, "Popen", vllm)
+    monkeypatch.setattr(local_vllm, "_healthy", lambda url, timeout=2.0: True)
+    own = str(tmp_path / "users-cache")
+    for run, overrides in (("first", []), ("second", []), ("users", [f"+server.environment.VLLM_CACHE_ROOT={own}"])):
+        server = local_vllm.LocalVLLM(validate(compose(overrides)).server, "fixture", tmp_path / run / "vllm")
+        try:
+            server.start()
+        finally:
+            server.stop()
+    assert found == [[], ["vllm-model_executor-models-qwen2-Qwen2ForCausalLM.json"], []]
+    assert [p.read_bytes() for p in modelinfos.shared_dir().iterdir()] == [info]
+    assert (tmp_path / "second" / "vllm" / "cache" / "modelinfos" / "vllm-model_executor-models-qwen2-Qwen2ForCausalLM.json").read_bytes() == info

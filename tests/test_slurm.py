@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -164,17 +164,41 @@ def test_a_reward_weight_sweep_runs_as_slurm_jobs_and_nests_in_mlflow(slurm: Slu
     assert logged == {"compare/compare.csv", "compare/compare.png"}
 
 
+def _wait_for_a_group(groups: Path, sweep: Future) -> None:
+    """Until the sweep's job has written a group to `groups` (the launcher still running)."""
+    deadline = time.monotonic() + 240
+    while not (groups.exists() and groups.stat().st_size > 0):
+        assert not sweep.done() and time.monotonic() < deadline, "the job wrote no group"
+        time.sleep(0.5)
+
+
+def _seconds(elapsed: str) -> int:
+    """Slurm's [D-]HH:MM:SS (RunTime) in seconds."""
+    days, _, clock = elapsed.rpartition("-")
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
 @pytest.mark.slurm
 def test_a_job_past_its_time_limit_stops_killed_with_its_groups_kept(slurm: SlurmCluster, tmp_path: Path, fixture_model: str) -> None:
     # Slurm sends USR2 signal_delay_s before the limit (up to a minute early). 3 s per request and
-    # two groups in flight keep the job busy until then.
+    # two groups in flight keep the job busy until then. The job is submitted with timeout_min=3;
+    # once it has written a group its limit is lowered to 1-2 minutes past its run time, so that
+    # the signal comes within a minute of that (not near the third minute) and after a group.
     from experiments.bench import scripted_server
     from opd.records import read_groups
 
     with scripted_server(3.0) as url:
-        proc, uri = _slurm_sweep(slurm, tmp_path, fixture_model, url, [
-            "env=inline_math", "seed=0", "total_steps=500", "group_size=1", "runner.groups_in_flight=2", "hydra.launcher.signal_delay_s=60",
-        ], timeout_min=3)
+        with ThreadPoolExecutor(1) as pool:
+            sweep = pool.submit(_slurm_sweep, slurm, tmp_path, fixture_model, url, [
+                "env=inline_math", "seed=0", "total_steps=500", "group_size=1", "runner.groups_in_flight=2", "hydra.launcher.signal_delay_s=60",
+            ], timeout_min=3)
+            _wait_for_a_group(tmp_path / "sweep" / "0" / "groups.jsonl", sweep)
+            (job_id,) = slurm.command("squeue", "--noheader", "--states=RUNNING", "--format=%i", f"--partition={slurm.partition}").split()
+            job = slurm.job(job_id)
+            assert job["TimeLimit"] == "00:03:00"  # hydra.launcher.timeout_min
+            slurm.command("scontrol", "update", f"JobId={job_id}", f"TimeLimit={_seconds(job['RunTime']) // 60 + 2}")
+            proc, uri = sweep.result(timeout=300)
     assert proc.returncode != 0
     assert "StoppedBySlurm: Slurm sent SIGUSR2: its time limit is near" in proc.stderr
     _, parents, children = _mlflow_runs(uri)
@@ -196,11 +220,7 @@ def test_a_cancelled_job_stops_killed_and_the_launcher_says_so(slurm: SlurmClust
                 "env=inline_math", "seed=0", "total_steps=500", "group_size=1", "runner.groups_in_flight=2",
             ])
             # Cancel once the job has written a group.
-            groups = tmp_path / "sweep" / "0" / "groups.jsonl"
-            deadline = time.monotonic() + 240
-            while not (groups.exists() and groups.stat().st_size > 0):
-                assert not sweep.done() and time.monotonic() < deadline, "the job wrote no group"
-                time.sleep(1)
+            _wait_for_a_group(tmp_path / "sweep" / "0" / "groups.jsonl", sweep)
             slurm.command("scancel", "--partition", slurm.partition)
             proc, uri = sweep.result(timeout=300)
     assert proc.returncode != 0

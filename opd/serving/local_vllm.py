@@ -1,7 +1,8 @@
 """Run vLLM's OpenAI server as a child process for the length of a run.
 
 The server listens on a free loopback port; its log and caches go to a folder of the run (never
-~/.cache), its IPC sockets to a short private temporary directory removed when it stops. The
+~/.cache: only vLLM's facts about model classes are kept between runs, opd/serving/modelinfos.py),
+its IPC sockets to a short private temporary directory removed when it stops. The
 user's hub settings (HF_HUB_OFFLINE, HF_HOME, HF_TOKEN) pass through unchanged, and the model's own
 generation_config.json gives the sampling defaults a request does not set (vLLM's
 `--generation-config auto`). `LocalVLLM` is a context manager that always stops the process
@@ -28,6 +29,7 @@ from types import TracebackType
 
 from opd.config import LocalServerConfig, project_path
 from opd.run_files import make_dir, open_file
+from opd.serving import modelinfos
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +164,10 @@ class LocalVLLM:
 
     def start(self) -> str:
         """Start the server and wait for /health; return the /v1 base URL."""
-        make_dir(make_dir(self.workdir) / "cache")  # in the run directory: directories of their own, not links
+        cache = make_dir(make_dir(self.workdir) / "cache")  # in the run directory: directories of their own, not links
+        own_cache = Path(self.environment()["VLLM_CACHE_ROOT"]) == cache  # not one the user set (server.environment)
+        if own_cache:
+            modelinfos.seed(cache)
         started = time.monotonic()
         logger.info("starting vLLM on port %d (log: %s)", self.port, self.log_path)
         with open_file(self.log_path, "ab") as log:
@@ -187,6 +192,8 @@ class LocalVLLM:
             if _healthy(health):
                 self.startup_seconds = time.monotonic() - started
                 logger.info("vLLM healthy after %.1f s at %s", self.startup_seconds, self.base_url)
+                if own_cache:
+                    modelinfos.keep(cache)
                 return self.base_url
             time.sleep(0.5)
         self.stop()
