@@ -67,6 +67,8 @@ def _log_sweep(tmp_path: Path, rises: dict[str, list[float]], failed: str | None
                     client.log_metric(run, "teacher/reverse_kl", 1.0 - rise * group / 16, step=group)
                 for step, rows in zip((0, 8, 16), evaluations):
                     client.log_metric(run, "eval/sampled_reverse_kl_to_teacher", 0.8 - rise * step / 16 + 0.01 * seed, step=step)
+                    for n, row in enumerate(rows):  # per item: even items fall by 1.5x the mean, odd ones by 0.5x
+                        row["sampled_reverse_kl_to_teacher"] = 0.8 + 0.01 * n - rise * step / 16 * (1.5 if n % 2 == 0 else 0.5)
                     client.log_metric(run, "eval/gap_closed", (sum(r["sampled_correct"] for r in rows) - sum(start)) / (ITEMS * SAMPLES) / gap, step=step)
                     client.log_metric(run, "eval/weight_version", step / 4, step=step)
                     client.log_metric(run, "eval/wall_s", step * 10.0, step=step)
@@ -248,6 +250,12 @@ def test_with_the_teachers_evaluation_each_arm_gets_its_gap_closed_and_the_steps
     # The held-out reverse KL at the first and last evaluation, mean over the seeds.
     assert (speed["arm=opd"]["reverse_kl_held_out_first"], speed["arm=opd"]["reverse_kl_held_out_last"]) == pytest.approx((0.805, 0.805 - 0.55))
     assert speed["arm=grpo"]["reverse_kl_held_out_last"] == pytest.approx(0.805 - 0.1)
+    # Its change paired item by item (items' own rows, averaged over the seeds), with an interval
+    # over items: -0.55 on the mean, -0.825 and -0.275 the two halves of the items.
+    opd = speed["arm=opd"]
+    assert opd["reverse_kl_held_out_change"] == pytest.approx(-0.55)
+    assert -0.825 < opd["reverse_kl_held_out_change_low"] < -0.55 < opd["reverse_kl_held_out_change_high"] < -0.275
+    assert speed["arm=grpo"]["reverse_kl_held_out_change"] == pytest.approx(-0.1)
     for name in ("compare_gap.png", "compare_kl.png"):
         assert (tmp_path / "out" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main([parent, "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 0

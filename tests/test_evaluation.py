@@ -118,3 +118,24 @@ def test_the_paired_gain_comes_with_a_bootstrap_interval_over_items() -> None:
     # No change: gain 0, interval [0, 0], p = 1.
     same = paired_change(_rows(before), _rows(before))
     assert (same["summary/eval_paired_gain"], same["summary/eval_paired_gain_low"], same["summary/eval_paired_gain_high"], same["summary/eval_paired_p"]) == (0, 0, 0, 1)
+
+
+def test_the_held_out_reverse_kl_change_is_paired_by_item_with_an_interval() -> None:
+    """summary/reverse_kl_change: the mean per-item change of the items' sampled reverse KL to the
+    teacher, over the items that have it first and last, with a bootstrap interval over items."""
+    from opd.sinks.evaluation import paired_kl_change
+
+    def rows(kls: list[float | None]) -> list[dict]:
+        return [{"item_id": f"i{i}", "samples": 8, "sampled_correct": 0, **({} if kl is None else {"sampled_reverse_kl_to_teacher": kl})}
+                for i, kl in enumerate(kls)]
+
+    before = [0.6, 0.8, 0.4, 0.7] * 10
+    after = [b + d for b, d in zip(before, [-0.2, -0.1, 0.0, -0.1] * 10)]
+    out = paired_kl_change(rows(before), rows(after))
+    assert out["summary/reverse_kl_change_items"] == 40 and out["summary/reverse_kl_change"] == pytest.approx(-0.1)
+    assert out["summary/reverse_kl_change_low"] < -0.1 < out["summary/reverse_kl_change_high"] < 0  # a clear fall
+    # An item without a KL on either side is left out of the pairing, not counted as a zero change.
+    gaps = paired_kl_change(rows([None, *before[1:]]), rows([*after[:3], None, *after[4:]]))
+    assert gaps["summary/reverse_kl_change_items"] == 38
+    # Rows without any KL (a run with no teacher model): nothing to report.
+    assert paired_kl_change(rows([None] * 4), rows([None] * 4)) == {}

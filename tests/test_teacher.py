@@ -359,3 +359,5 @@ def test_an_evaluation_with_a_teacher_reports_the_reverse_kl_of_its_sampled_roll
     expected = statistics.fmean(-0.25 - (-1.0 - (t % 5) * 0.1) for t in sampled)
     assert report.metrics["eval/sampled_reverse_kl_to_teacher"] == pytest.approx(expected)
     assert "eval/reverse_kl_to_teacher" not in report.metrics
+    # The item's row has its samples' mean, the per-item value summary/reverse_kl_change pairs.
+    assert report.items[0]["sampled_reverse_kl_to_teacher"] == pytest.approx(expected)

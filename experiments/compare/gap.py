@@ -14,7 +14,8 @@ Per point (an arm; each item averaged over the point's seeds):
   student's fresh samples (`teacher/reverse_kl`, one value per group), averaged over windows of
   `KL_WINDOW` groups: its curve per point and its first and last window; and the same quantity
   on the held-out samples (`eval/sampled_reverse_kl_to_teacher`, the same seeded items at every
-  evaluation, so its change is the student's, not the items'), at the first and last evaluation.
+  evaluation, so its change is the student's, not the items'), at the first and last evaluation,
+  and its change paired item by item with a bootstrap interval over items.
 """
 
 from __future__ import annotations
@@ -218,6 +219,20 @@ def held_out_kl_rows(points: dict[str, list[tuple[float, float]]]) -> list[dict[
     """Per point: the held-out reverse KL at the first and last evaluation (mean over seeds)."""
     return [{"point": label, "reverse_kl_held_out_first": sum(a for a, _ in runs) / len(runs),
              "reverse_kl_held_out_last": sum(b for _, b in runs) / len(runs)} for label, runs in points.items()]
+
+
+def held_out_kl_change(changes: list[dict[str, float]], confidence: float = 0.95) -> dict[str, float]:
+    """The per-item change of the held-out reverse KL from the first evaluation to the last, each
+    item averaged over the seeds that evaluated it first and last in all of them, as the mean and its
+    bootstrap interval over items (`reverse_kl_held_out_change`, `_low`, `_high`); {} without items."""
+    from opd.sinks.evaluation import paired_statistics
+
+    items = [item for item in changes[0] if all(item in c for c in changes[1:])] if changes else []
+    if not items:
+        return {}
+    stats = paired_statistics([sum(c[item] for c in changes) / len(changes) for item in items], confidence)
+    return {"reverse_kl_held_out_change": stats["gain"], "reverse_kl_held_out_change_low": stats["gain_low"],
+            "reverse_kl_held_out_change_high": stats["gain_high"]}
 
 
 def write_kl_curves(curves: dict[str, list[tuple[list[float], list[float]]]], path: Path) -> Path | None:

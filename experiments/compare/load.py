@@ -147,6 +147,8 @@ class Point:
     first: list[dict[str, float]]
     # Each run's teacher evaluation per item (eval/teacher.jsonl), where it made one.
     teacher: list[dict[str, float]] = field(default_factory=list)
+    # Each run's per-item change of the held-out reverse KL to the teacher, where it logged one.
+    kl_changes: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -164,7 +166,7 @@ class Point:
 def gain_points(sweep: Sweep, client: Any, tmp: Path) -> list[Point]:
     """The sweep's points (swept values other than `seed`) with the per-item changes of their
     finished runs that evaluated at least twice; a finished run without them is logged."""
-    from opd.sinks.evaluation import item_accuracy, item_changes
+    from opd.sinks.evaluation import item_accuracy, item_changes, item_kl
 
     others = [key for key in sweep.swept if key != "seed"]
     grouped: dict[tuple[str, ...], Point] = {}
@@ -180,6 +182,8 @@ def gain_points(sweep: Sweep, client: Any, tmp: Path) -> list[Point]:
         point.run_ids.append(row["run_id"])
         point.changes.append(item_changes(*rows))
         point.first.append({r["item_id"]: a for r in rows[0] if (a := item_accuracy(r)) is not None})
+        if kl := item_changes(*rows, item_kl):
+            point.kl_changes.append(kl)
         if (ceiling := gap.teacher_items(client, row["run_id"], tmp)) is not None:
             point.teacher.append(ceiling)
     return list(grouped.values())

@@ -178,10 +178,12 @@ def gap_outputs(sweep: Sweep, found: list[Point], client: Any, out_dir: Path) ->
     sweep.speed = gap.speed_rows(curves)
     kl = {point.label: runs for point in found if (runs := [c for run_id in point.run_ids if (c := gap.kl_curve(client, run_id))])}
     held_out = {point.label: runs for point in found if (runs := [ends for run_id in point.run_ids if (ends := gap.held_out_kl(client, run_id))])}
+    changes = {point.label: gap.held_out_kl_change(point.kl_changes) for point in found}
     for row in sweep.speed:
         for r in [*gap.kl_rows(kl), *gap.held_out_kl_rows(held_out)]:
             if r["point"] == row["point"]:
                 row.update({k: v for k, v in r.items() if k.startswith("reverse_kl")})
+        row.update(changes.get(row["point"], {}))
     gaps = {row["_point"].label: row for row in sweep.ranking}
     written = [write_csv(sweep.speed, out_dir / "compare_gap.csv"), gap.write_gap_curves(curves, gaps, out_dir / "compare_gap.png"),
                gap.write_kl_curves(kl, out_dir / "compare_kl.png")]

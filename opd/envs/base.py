@@ -450,9 +450,12 @@ def _report(items: list[dict[str, Any]], results: list[list[ItemResult | None]],
     by_kind: dict[str, list[tuple[ItemResult | None, list[ItemResult]]]] = {}
     for item, (first, *rest) in zip(items, results):
         done = [s for s in rest if s is not None]
-        rows.append({"item_id": item.get("id"), "kind": item.get("kind"), "greedy_correct": None if first is None else first.correct,
-                     "greedy_reward": None if first is None else first.score, "samples": len(done),
-                     "sampled_correct": sum(s.correct for s in done), "sampled_reward_mean": statistics.fmean([s.score for s in done]) if done else None})
+        row = {"item_id": item.get("id"), "kind": item.get("kind"), "greedy_correct": None if first is None else first.correct,
+               "greedy_reward": None if first is None else first.score, "samples": len(done),
+               "sampled_correct": sum(s.correct for s in done), "sampled_reward_mean": statistics.fmean([s.score for s in done]) if done else None}
+        for name in done[0].metrics if done else []:  # the samples' own means (the reverse KL to the teacher), for per-item intervals
+            row[f"sampled_{name}"] = statistics.fmean([s.metrics[name] for s in done])
+        rows.append(row)
         if first is not None:
             table.append({"item_id": item.get("id"), "kind": item.get("kind"), "prompt": first.prompt, "response": first.response,
                           "reward": first.score, "correct": first.correct, "turns": first.turns})

@@ -11,12 +11,14 @@ compared on the same draws. It records:
   kinds (`eval/accuracy/<kind>`, `eval/sampled_accuracy/<kind>`,
   `eval/sampled_format_violation_rate/<kind>`, ...); the requests that failed meanwhile;
 - one line per item in `<run dir>/eval/step_<N>.jsonl` (item, kind, greedy result, samples,
-  correct samples, rewards), also an MLflow artifact;
+  correct samples, rewards, the means of the samples' own values such as
+  `sampled_reverse_kl_to_teacher`), also an MLflow artifact;
 - the greedy rollouts as an MLflow table (`eval/samples_step_<N>.json`: prompt, response,
   reward, correct, turns), which the UI shows in its Evaluation tab.
 At the end the summary compares the last evaluation with the first, item by item
 (`paired_change`): the mean paired gain, its bootstrap confidence interval over items and a
-one-sided Wilcoxon signed-rank p-value.
+one-sided Wilcoxon signed-rank p-value; with a teacher model, the same for the held-out reverse KL
+to the teacher (`summary/reverse_kl_change`, `_low`, `_high`: negative is the student nearer).
 
 Each evaluation also records how far training has gone when it ran: `eval/weight_version` (the
 optimiser steps the served weights have had) and `eval/wall_s` (seconds since the first
@@ -39,7 +41,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from opd.config import EvalConfig
 from opd.envs.base import EvalReport, RolloutEnv
@@ -187,13 +189,14 @@ class Evaluator(Sink):
 
     def summary(self) -> dict[str, float]:
         out = {}
-        for name in ("eval/accuracy", "eval/sampled_accuracy", "eval/reward_mean", "eval/sampled_format_violation_rate"):
+        for name in ("eval/accuracy", "eval/sampled_accuracy", "eval/reward_mean", "eval/sampled_format_violation_rate", "eval/" + HELD_OUT_KL):
             if name in self.last:
                 key = name.split("/", 1)[1]
                 out[f"summary/first_{key}"] = self.first[name]
                 out[f"summary/final_{key}"] = self.last[name]
         if self.last_items is not self.first_items:
             out.update(paired_change(self.first_items, self.last_items, self.cfg.confidence))
+            out.update(paired_kl_change(self.first_items, self.last_items, self.cfg.confidence))
         if self.teacher:
             out["summary/teacher_" + self.measure.split("/", 1)[1]] = self.teacher[self.measure]
             # NaN where it is undefined (the teacher not ahead at the start, a single evaluation).
@@ -214,6 +217,31 @@ def item_accuracy(row: dict[str, Any]) -> float | None:
     return None if row.get("greedy_correct") is None else float(row["greedy_correct"])
 
 
+# The per-item column (and, under eval/, the metric) of the reverse KL to the teacher on the
+# held-out samples (`RolloutEnv.eval_item`, runs with a teacher model).
+HELD_OUT_KL = "sampled_reverse_kl_to_teacher"
+
+
+def item_kl(row: dict[str, Any]) -> float | None:
+    """An item's reverse KL to the teacher, the mean over its sampled rollouts (None without)."""
+    return row.get(HELD_OUT_KL)
+
+
+def paired_kl_change(first: list[dict[str, Any]], last: list[dict[str, Any]], confidence: float = 0.95) -> dict[str, float]:
+    """Did the held-out reverse KL to the teacher fall from the first evaluation to the last?
+    The mean per-item change and its bootstrap interval over items, under
+    `summary/reverse_kl_change*` (`_low`, `_high`, `_items`); nothing where the rows have no KL."""
+    changes = item_changes(first, last, item_kl)
+    if not changes:
+        return {}
+    stats = paired_statistics(list(changes.values()), confidence)
+    out = {"summary/reverse_kl_change": stats["gain"], "summary/reverse_kl_change_low": stats["gain_low"],
+           "summary/reverse_kl_change_high": stats["gain_high"], "summary/reverse_kl_change_items": stats["items"]}
+    logger.info("held-out reverse KL to the teacher from the first evaluation to the last: %+.4f per item, %.0f%% interval [%+.4f, %+.4f] "
+                "(bootstrap over %d items)", stats["gain"], 100 * confidence, stats["gain_low"], stats["gain_high"], stats["items"])
+    return out
+
+
 def paired_change(first: list[dict[str, Any]], last: list[dict[str, Any]], confidence: float = 0.95, resamples: int = 10_000) -> dict[str, float]:
     """Did held-out accuracy rise from the first evaluation to the last, beyond the noise? Paired
     over the same items (per-item accuracy, `item_accuracy`), as `paired_statistics` of the
@@ -222,11 +250,12 @@ def paired_change(first: list[dict[str, Any]], last: list[dict[str, Any]], confi
     return {f"summary/eval_paired_{name}": value for name, value in stats.items()}
 
 
-def item_changes(first: list[dict[str, Any]], last: list[dict[str, Any]]) -> dict[str, float]:
-    """{item id: its accuracy in `last` minus in `first`} over the items both evaluated."""
-    before = {row["item_id"]: item_accuracy(row) for row in first}
+def item_changes(first: list[dict[str, Any]], last: list[dict[str, Any]],
+                 value: Callable[[dict[str, Any]], float | None] = item_accuracy) -> dict[str, float]:
+    """{item id: its `value` (accuracy) in `last` minus in `first`} over the items both evaluated."""
+    before = {row["item_id"]: value(row) for row in first}
     return {row["item_id"]: after - before[row["item_id"]] for row in last
-            if before.get(row["item_id"]) is not None and (after := item_accuracy(row)) is not None}
+            if before.get(row["item_id"]) is not None and (after := value(row)) is not None}
 
 
 def paired_statistics(diffs: list[float], confidence: float = 0.95, resamples: int = 10_000) -> dict[str, float]:
