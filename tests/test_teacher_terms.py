@@ -100,8 +100,8 @@ def test_the_experiments_arms_share_one_budget_and_differ_only_in_the_loss_weigh
         del tree["trainer"]["loss"]
     assert flat["grpo"] == flat["opd"] == flat["opd_topk"]
     cfg = configs["opd_topk"]
-    # Budgeted in optimiser steps: one group per step, 60 of them, on all nine kinds.
-    assert cfg.dataset.kinds is None and cfg.trainer.kind == "local" and cfg.trainer.batch_groups == 1 and cfg.total_steps == 60
+    # Budgeted in optimiser steps: 8 groups (64 rollouts) per step, 20 of them, on all nine kinds.
+    assert cfg.dataset.kinds is None and cfg.trainer.kind == "local" and cfg.trainer.batch_groups == 8 and cfg.total_steps == 160
     assert cfg.server.model == "fixture_student" and cfg.teacher.server.model == "fixture_teacher" and cfg.eval.teacher
     assert cfg.sweep.objective == "summary/gap_closed" and cfg.eval.samples_per_item > 0 and cfg.eval.seed is not None
     sweeper = compose_with_hydra(["experiment=opd_vs_grpo"], hydra=True).hydra.sweeper.params
