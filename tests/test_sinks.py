@@ -13,7 +13,7 @@ import opd.sinks.registry as sink_registry
 from conftest import compose
 from opd.config import ConfigError, validate
 from opd.sinks.base import Sink, Written
-from opd.sinks.registry import SINKS, SinkContext, build_sinks, resolve
+from opd.sinks.registry import SINKS, SinkContext, build_sinks, check_sinks, resolve
 
 
 class _Recorder(Sink):
@@ -60,16 +60,28 @@ def test_an_unknown_sink_fails_at_the_preflight(fixture_model: str) -> None:
 ])
 def test_a_run_whose_sinks_leave_out_what_it_needs_is_refused_naming_sinks(overrides: list[str], message: str) -> None:
     """A run that needs a sink the list leaves out would run to its end without training, serving
-    or evaluating: refused when the config is validated, naming `sinks`."""
+    or evaluating: refused by what the sinks declare (at the preflight, and a sweep's start), naming `sinks`."""
     with pytest.raises(ConfigError) as info:
-        validate(compose(overrides))
+        check_sinks(validate(compose(overrides)))
     assert info.value.key == "sinks" and message in str(info.value)
+
+
+def test_a_run_that_leaves_out_a_sink_it_needs_stops_before_any_server_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from experiments.launch import launch
+    from opd import experiment
+
+    monkeypatch.setattr(experiment, "inference_servers", lambda *a, **k: pytest.fail("a server was started"))
+    with pytest.raises(ConfigError, match=r"^sinks must be a list holding trainer \(trainer=local") as info:
+        launch(compose([f"output_dir={tmp_path / 'run'}", "tracking.enabled=false", "trainer=local", "sinks=[mlflow]"]))
+    assert info.value.key == "sinks" and not (tmp_path / "run" / "groups.jsonl").exists()
 
 
 def test_a_run_that_does_not_use_a_sink_may_leave_it_out() -> None:
     for overrides in (["sinks=[mlflow]"], ["mode=evaluate", "eval.every=2", "sinks=[]"], ["trainer=local", "sinks=[trainer]"],
                       ["mode=serve", "eval.every=1", "sinks=[atropos,evaluation]"]):
-        assert list(validate(compose(overrides)).sinks) == [s for s in overrides[-1][7:-1].split(",") if s]
+        cfg = validate(compose(overrides))
+        check_sinks(cfg)
+        assert list(cfg.sinks) == [s for s in overrides[-1][7:-1].split(",") if s]
 
 
 @pytest.mark.slow
@@ -108,12 +120,12 @@ def test_a_sink_of_yours_declares_which_runs_need_it(own_sink: None) -> None:
     """What needs a sink is metadata on its registry entry, read for every registered sink: one of
     yours refuses a run that needs it and leaves it out; named by its factory, it counts as listed."""
     with pytest.raises(ConfigError) as info:
-        validate(compose(["group_size=3", "sinks=[mlflow]"]))
+        check_sinks(validate(compose(["group_size=3", "sinks=[mlflow]"])))
     assert info.value.key == "sinks" and "sinks must be a list holding recording (group_size=3 is recorded)" in str(info.value)
     assert "add it: sinks=[mlflow,recording]" in str(info.value)
     for listed in ("recording", "test_sinks:recording_sink"):
-        assert listed in validate(compose(["group_size=3", f"sinks=[mlflow,{listed}]"])).sinks
-    assert list(validate(compose(["group_size=2", "sinks=[mlflow]"])).sinks) == ["mlflow"]
+        check_sinks(validate(compose(["group_size=3", f"sinks=[mlflow,{listed}]"])))
+    check_sinks(validate(compose(["group_size=2", "sinks=[mlflow]"])))
 
 
 @pytest.mark.parametrize(("overrides", "key", "message"), [
@@ -126,7 +138,7 @@ def test_a_sink_of_yours_declares_which_runs_need_it(own_sink: None) -> None:
 ])
 def test_a_bad_sink_setting_is_a_config_error_naming_its_key(overrides: list[str], key: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        validate(compose(overrides))
+        check_sinks(validate(compose(overrides)))
     assert info.value.key == key and message in str(info.value)
 
 
@@ -141,4 +153,4 @@ def test_a_sink_gets_its_settings(tmp_path: Path, own_sink: None) -> None:
     cfg = validate(compose(["sinks=[test_sinks:recording_sink]"]))
     assert build_sinks(list(cfg.sinks), SinkContext(cfg, None, "m", [], None, 1, tmp_path))[1].settings == _RecorderSettings()  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"sink_settings.recording.fil: sink recording has no setting 'fil'; did you mean file\?"):
-        validate(compose(["sinks=[test_sinks:recording_sink]", "+sink_settings.recording.fil=x"]))
+        check_sinks(validate(compose(["sinks=[test_sinks:recording_sink]", "+sink_settings.recording.fil=x"])))

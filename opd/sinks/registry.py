@@ -2,7 +2,7 @@
 groups to after the JSONL file (always first: a group is on disk before anything else sees it).
 
 A name is a registered sink (`@sink_factory("name")`, below for the project's own) or
-`package.module:factory` for one of yours, imported when the config is validated. A factory takes
+`package.module:factory` for one of yours, imported at the run's preflight. A factory takes
 the run's `SinkContext` and returns the sink, or None where the run does not use it (`mlflow`
 without tracking, `trainer` without trainer=local), so the default list serves every mode.
 
@@ -129,8 +129,8 @@ def settings_of(cfg: Config, name: str) -> Any:
 
 
 def check_sinks(cfg: Config) -> None:
-    """The config's sinks against what the registered ones declare, before anything starts (the
-    root config's check, opd.config.root): each sink a run needs (`required_by`) in `sinks`, no
+    """The config's sinks against what the registered ones declare, before any server starts (at
+    the run's preflight, opd.build, and a sweep's start, opd.sweep.callback): each sink a run needs (`required_by`) in `sinks`, no
     `jsonl` there (the file every run writes first is no sink), every name a sink, and every
     `sink_settings` entry a registered sink's settings. Sinks of yours (`package.module:factory`)
     are imported first, so that those that register themselves declare their needs too. The first

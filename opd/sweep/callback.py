@@ -64,6 +64,7 @@ class SweepCallback(Callback):
 
     def _start(self, config: DictConfig) -> None:
         from opd.config import validate
+        from opd.sinks.registry import check_sinks
 
         hydra_cfg = config.hydra
         sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve()
@@ -72,6 +73,7 @@ class SweepCallback(Callback):
             del job_cfg["hydra"]
             job_cfg.output_dir = str(sweep_dir)
         typed = validate(job_cfg)
+        check_sinks(typed)  # what the sinks declare (a needed one left out, a bad setting): before any job
         if typed.sweep.seeds > 1:
             self._sweep_seeds(config, typed.seed, typed.sweep.seeds)  # before the jobs are counted: it sweeps seed
         params = OmegaConf.to_container(hydra_cfg.sweeper.params, resolve=False) if OmegaConf.select(hydra_cfg, "sweeper.params") else None
