@@ -15,7 +15,11 @@ A kind says
 - `serve(model, workdir, sweep)`: a context manager, entered before the policy's servers start:
   its own server (teacher=model: started beside the policy's, always stopped), yielding the
   `TeacherRun` the experiment reads: the scorer the environment gets, the watch of its server, the
-  evaluation's ceiling and what environment workers need.
+  evaluation's ceiling and what environment workers need;
+- `shared_server(workdir)`: the server of its own that the jobs of a sweep may share (a
+  `SharedServer`, not started; None: none), which the sweep's callback (opd.sweep.callback) starts
+  before the jobs and stops after them, its URLs and settings in the sweep's state, where the
+  kind's own `serve` finds them (teacher=model: a local server, whose weights never change).
 A kind of yours is a `Teacher` subclass registered with `@TEACHERS.register("name")`; run_experiment
 reads only this interface (the scorer through `Teacher.scorer`, which checks it). A name
 `teacher.kind` gives that is not registered is a ConfigError naming `teacher`, with the nearest name.
@@ -32,9 +36,9 @@ from opd import build
 from opd.config import Config, ConfigError
 from opd.data.sources import TaskSet
 from opd.registry import Registry
-from opd.serving.lifecycle import TeacherServer, teacher_evaluated
+from opd.serving.lifecycle import TeacherServer, local_teacher_server, teacher_evaluated
 from opd.serving.watch import ServerWatch
-from opd.sweep.state import SweepState, shared_teacher_for
+from opd.sweep.state import SweepState, shared_teacher_for, teacher_server_settings
 from opd.tracking.traces import Tracer
 from opd.train.teacher_terms import check_loss_weights
 
@@ -59,6 +63,19 @@ class TeacherRun:
     def for_workers(self) -> tuple[str, list[str]] | None:
         """What each environment worker builds its scorer from (opd.distributed.worker), or None."""
         return None
+
+
+class SharedServer:
+    """A teacher's server for every job of a sweep (`Teacher.shared_server`): the sweep's callback
+    starts it once, before the jobs, and always stops it after them."""
+
+    def start(self) -> tuple[list[str], dict[str, Any]]:
+        """Start it; its /v1 base URLs and the settings a job's own would be started with (the
+        sweep's state keeps both: `SweepState.teacher_urls`, `teacher_settings`)."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop it (also after a failed or partial start)."""
 
 
 class Teacher:
@@ -99,6 +116,11 @@ class Teacher:
         """Its server for the run's length (`workdir`: a local server's log and caches; `sweep`:
         the running sweep, whose shared teacher server is used when it matches)."""
         yield TeacherRun()
+
+    def shared_server(self, workdir: Path) -> SharedServer | None:
+        """The server of its own that every job of a sweep may use (`workdir`: its log and caches),
+        not started; None where it has none to share."""
+        return None
 
     def scorer(self, run: TeacherRun, policy_urls: list[str], tracer: Tracer) -> Any:
         """`run`'s scorer, for the environment (`run.scorer`). A kind that `needs_scorer` gives
@@ -183,6 +205,32 @@ class ModelTeacher(Teacher):
             return
         with TeacherServer(self.cfg, model, self.model, workdir, shared_teacher_for(sweep, self.cfg, self.model)) as server:
             yield ModelTeacherRun(self.cfg, self.model, server)
+
+    def shared_server(self, workdir: Path) -> SharedServer | None:
+        """A local teacher server for the sweep's jobs (the teacher's weights never change, so jobs
+        that train the policy one after another share it as they share the policy's); None with a
+        running one (teacher.server.base_url, which every job uses as it is) or mode=evaluate (no
+        teacher served)."""
+        if self.cfg.teacher.server.base_url is not None or self.cfg.mode == "evaluate":
+            return None
+        return SharedModelServer(self.cfg, workdir)
+
+
+class SharedModelServer(SharedServer):
+    """teacher=model's local server for a sweep: its model resolved when it starts."""
+
+    def __init__(self, cfg: Config, workdir: Path) -> None:
+        self.cfg, self.workdir = cfg, workdir
+        self.local: Any = None
+
+    def start(self) -> tuple[list[str], dict[str, Any]]:
+        teacher = build.resolve_model(self.cfg.teacher.server.model, "teacher.server.model")
+        self.local = local_teacher_server(self.cfg, teacher, self.workdir)
+        return [self.local.start()], teacher_server_settings(self.cfg, teacher)
+
+    def stop(self) -> None:
+        if self.local is not None:
+            self.local.stop()
 
 
 class ModelTeacherRun(TeacherRun):
