@@ -259,3 +259,56 @@ def test_teacher_model_shares_a_local_server_whose_settings_its_jobs_match(tmp_p
     assert shared_teacher_for(state, validate(compose([*base, "teacher.topk=5"])), local.teacher) is None
     shared.stop()
     assert started == []
+
+
+def test_each_environment_worker_builds_its_scorer_through_the_kind(fixture_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runner.workers > 1: a worker gets the scorer of the run's own kind, rebuilt from what the
+    driver's run shipped (`TeacherRun.for_workers`) by the kind's registry entry and the driver's
+    call (`Teacher.scorer`); before, a worker built a TeacherModel from teacher=model's config
+    fields whatever the kind (a plug-in kind's config has none of them)."""
+    import copy
+
+    from opd import build
+    from opd.distributed.worker import EnvWorker
+    from opd.teachers import TeacherRun
+
+    class Shipped(TeacherRun):  # picklable: the workers use the run itself
+        def scorer(self, policy_urls: list[str], tracer: Any) -> Any:
+            return ("scripted scorer", tuple(policy_urls))
+
+        def for_workers(self) -> Any:
+            return self
+
+    kind = scripted_kind(monkeypatch, Shipped())
+    cfg = validate(compose(["teacher.kind=scripted", "runner.workers=2", f"server.model={fixture_model}"]))
+    built: list[Any] = []
+    monkeypatch.setattr(build, "environment", lambda *args: built.append(args[-1]))
+    EnvWorker(copy.copy(cfg), None, fixture_model, ["http://127.0.0.1:9/v1"], 1, 2, (kind, Shipped()))  # type: ignore[arg-type]
+    assert built == [("scripted scorer", ("http://127.0.0.1:9/v1",))]
+    from opd.teachers import workers_teacher  # what the driver ships: the kind's registry entry and its run's part
+
+    shipped = Shipped()
+    assert workers_teacher(cfg, shipped) == (kind, shipped)
+
+
+def test_a_teacher_model_worker_scores_on_the_drivers_servers_within_its_share(fixture_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opd.distill.teacher_model import TeacherModel
+    from opd.distributed.worker import teacher_scorer
+    from opd.teachers import ModelTeacher, ModelTeacherRun, workers_teacher
+
+    cfg = validate(compose(["teacher=model", "teacher.server.model=fixture_teacher", "runner.workers=2", "teacher.max_concurrent=3", "distill_topk=4"]))
+    run = ModelTeacherRun(cfg, "/models/teacher", None)  # type: ignore[arg-type]
+    assert workers_teacher(cfg, run) is None  # its server not yet asked for its URLs: nothing to ship
+    run.urls = ["http://127.0.0.1:7/v1"]
+    teacher = workers_teacher(cfg, run)
+    assert teacher == (ModelTeacher, ("/models/teacher", ["http://127.0.0.1:7/v1"]))
+    import copy
+
+    shares = []
+    for index in (0, 1):
+        own = copy.copy(cfg)
+        scorer = teacher_scorer(own, teacher, ["http://127.0.0.1:9/v1"], index, 2)
+        assert isinstance(scorer, TeacherModel) and scorer.top_k == 4
+        assert [c.base_url for c in scorer.pool.clients] == ["http://127.0.0.1:7/v1"]
+        shares.append(own.teacher.max_concurrent)
+    assert shares == [2, 1] and cfg.teacher.max_concurrent == 3
