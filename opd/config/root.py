@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from opd.config.checks import ConfigError, at_least, checked, fail, one_of, relation, require
+from opd.config.checks import ConfigError, at_least, checked, one_of, relation, require
 from opd.config.dataset import DatasetConfig
 from opd.config.env import InlineMathEnvConfig, OPDCodingEnvConfig
 from opd.config.evaluation import EvalConfig

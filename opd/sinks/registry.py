@@ -130,9 +130,9 @@ def settings_of(cfg: Config, name: str) -> Any:
 
 def check_sinks(cfg: Config) -> None:
     """The config's sinks against what the registered ones declare, before any server starts (at
-    the run's preflight, opd.build, and a sweep's start, opd.sweep.callback): each sink a run needs (`required_by`) in `sinks`, no
-    `jsonl` there (the file every run writes first is no sink), every name a sink, and every
-    `sink_settings` entry a registered sink's settings. Sinks of yours (`package.module:factory`)
+    the run's preflight, opd.build, and a sweep's start, opd.sweep.callback): each sink a run
+    needs (`required_by`) in `sinks`, no `jsonl` there (the file every run writes first is no
+    sink), every name a sink, and every `sink_settings` entry a registered sink's settings. Sinks of yours (`package.module:factory`)
     are imported first, so that those that register themselves declare their needs too. The first
     problem is a ConfigError naming its key."""
     listed = {name for name in cfg.sinks if ":" not in name}
