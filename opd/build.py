@@ -50,7 +50,7 @@ def vocabulary_size(model: str) -> int | None:
 
 def preflight(cfg: Config, model: str) -> None:
     """What can be checked before any server starts or any request is sent: the reward's weights
-    against its rubric's signals, the sinks' names, trainer.loss against the loss terms (the teacher rows they need: the teacher's own preflight, opd.teachers), top-K against the model's vocabulary, and running servers (server=vllm, judge=server) answering and serving the
+    against its rubric's signals, the sinks (opd.sinks.registry.check_sinks), trainer.loss against the loss terms (the teacher rows they need: the teacher's own preflight, opd.teachers), top-K against the model's vocabulary, and running servers (server=vllm, judge=server) answering and serving the
     model. Each failure is a ConfigError naming the key."""
     from opd.rewards.rubric import RubricError
     from opd.serving.watch import check_servers
@@ -59,10 +59,9 @@ def preflight(cfg: Config, model: str) -> None:
         environment_class(cfg).build_rubric(cfg.reward)
     except RubricError as err:
         raise ConfigError(str(err), err.key) from None
-    from opd.sinks.registry import resolve
+    from opd.sinks.registry import check_sinks
 
-    for name in cfg.sinks:  # an unknown sink, or one of yours that does not import, fails here
-        resolve(name)
+    check_sinks(cfg)  # an unknown sink, one of yours that does not import, one the run needs left out, a bad setting
     if cfg.trainer.kind == "local":
         from opd.train.losses import LOSS_TERMS
 

@@ -36,7 +36,7 @@ from opd.serving.watch import ServerWatch, Watches
 from opd.sinks.base import Sink
 from opd.sweep.progress import SUMMARY_FILE, job_line
 from opd.sweep.state import SweepJob, run_name, shared_server_for
-from opd.teachers import TeacherRun, teacher_of
+from opd.teachers import TeacherRun, teacher_of, workers_teacher
 from opd.tracking.store import absolute_tracking_uri
 from opd.tracking.mlflow_run import DatasetRef, RunInfo, Tracker, model_label, open_run, previous_run_id, run_title, source_tags
 from opd.tracking.ui import run_link, ui_base, ui_command
@@ -186,7 +186,7 @@ def generate_groups(cfg: Config, job: SweepJob | None, stack: ExitStack, data: T
     if cfg.runner.workers > 1:  # environment workers on Ray; the sinks stay here
         from opd.distributed.source import environment_workers
 
-        workers = stack.enter_context(environment_workers(cfg, data, model, urls, taught.for_workers()))
+        workers = stack.enter_context(environment_workers(cfg, data, model, urls, workers_teacher(cfg, taught)))
     # Jobs at once in this machine's processes: the launcher shows one bar for all of them.
     progress = cfg.runner.progress and not (job is not None and job.state.parallel)
     report = progress_report(cfg, env if workers is None else None, tracker)

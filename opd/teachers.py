@@ -15,7 +15,12 @@ A kind says
 - `serve(model, workdir, sweep)`: a context manager, entered before the policy's servers start:
   its own server (teacher=model: started beside the policy's, always stopped), yielding the
   `TeacherRun` the experiment reads: the scorer the environment gets, the watch of its server, the
-  evaluation's ceiling and what environment workers need.
+  evaluation's ceiling and what environment workers need (`for_workers`), from which each worker
+  rebuilds the run through the kind (`worker_run`) and gets its scorer by the same call;
+- `shared_server(workdir)`: the server of its own that the jobs of a sweep may share (a
+  `SharedServer`, not started; None: none), which the sweep's callback (opd.sweep.callback) starts
+  before the jobs and stops after them, its URLs and settings in the sweep's state, where the
+  kind's own `serve` finds them (teacher=model: a local server, whose weights never change).
 A kind of yours is a `Teacher` subclass registered with `@TEACHERS.register("name")`; run_experiment
 reads only this interface (the scorer through `Teacher.scorer`, which checks it). A name
 `teacher.kind` gives that is not registered is a ConfigError naming `teacher`, with the nearest name.
@@ -32,9 +37,9 @@ from opd import build
 from opd.config import Config, ConfigError
 from opd.data.sources import TaskSet
 from opd.registry import Registry
-from opd.serving.lifecycle import TeacherServer, teacher_evaluated
+from opd.serving.lifecycle import TeacherServer, local_teacher_server, teacher_evaluated
 from opd.serving.watch import ServerWatch
-from opd.sweep.state import SweepState, shared_teacher_for
+from opd.sweep.state import SweepState, shared_teacher_for, teacher_server_settings
 from opd.tracking.traces import Tracer
 from opd.train.teacher_terms import check_loss_weights
 
@@ -56,9 +61,24 @@ class TeacherRun:
         """The evaluation's ceiling (opd.sinks.evaluation.Ceiling), None where it evaluates none."""
         return None
 
-    def for_workers(self) -> tuple[str, list[str]] | None:
-        """What each environment worker builds its scorer from (opd.distributed.worker), or None."""
+    def for_workers(self) -> Any:
+        """What each environment worker (runner.workers > 1, opd.distributed.worker) rebuilds this
+        run from, through its kind (`Teacher.worker_run`): picklable, no live server (the driver
+        keeps and watches that); a run that is picklable itself may return itself. None: nothing."""
         return None
+
+
+class SharedServer:
+    """A teacher's server for every job of a sweep (`Teacher.shared_server`): the sweep's callback
+    starts it once, before the jobs, and always stops it after them."""
+
+    def start(self) -> tuple[list[str], dict[str, Any]]:
+        """Start it; its /v1 base URLs and the settings a job's own would be started with (the
+        sweep's state keeps both: `SweepState.teacher_urls`, `teacher_settings`)."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop it (also after a failed or partial start)."""
 
 
 class Teacher:
@@ -99,6 +119,18 @@ class Teacher:
         """Its server for the run's length (`workdir`: a local server's log and caches; `sweep`:
         the running sweep, whose shared teacher server is used when it matches)."""
         yield TeacherRun()
+
+    def shared_server(self, workdir: Path) -> SharedServer | None:
+        """The server of its own that every job of a sweep may use (`workdir`: its log and caches),
+        not started; None where it has none to share."""
+        return None
+
+    def worker_run(self, shipped: Any) -> TeacherRun:
+        """In an environment worker, over its config (its share of the teacher's slots): the run
+        that `shipped` (what the driver's run gave, `TeacherRun.for_workers`) describes, whose
+        scorer the worker gets through `scorer`, as the driver's does. This base: `shipped` itself
+        when it is a TeacherRun, else a run with no scorer (refused for a kind that needs one)."""
+        return shipped if isinstance(shipped, TeacherRun) else TeacherRun()
 
     def scorer(self, run: TeacherRun, policy_urls: list[str], tracer: Tracer) -> Any:
         """`run`'s scorer, for the environment (`run.scorer`). A kind that `needs_scorer` gives
@@ -184,6 +216,37 @@ class ModelTeacher(Teacher):
         with TeacherServer(self.cfg, model, self.model, workdir, shared_teacher_for(sweep, self.cfg, self.model)) as server:
             yield ModelTeacherRun(self.cfg, self.model, server)
 
+    def worker_run(self, shipped: Any) -> TeacherRun:
+        """The teacher's model and URLs the driver's run shipped, scored over this worker's config."""
+        model, urls = shipped
+        return ModelWorkerRun(self.cfg, model, list(urls))
+
+    def shared_server(self, workdir: Path) -> SharedServer | None:
+        """A local teacher server for the sweep's jobs (the teacher's weights never change, so jobs
+        that train the policy one after another share it as they share the policy's); None with a
+        running one (teacher.server.base_url, which every job uses as it is) or mode=evaluate (no
+        teacher served)."""
+        if self.cfg.teacher.server.base_url is not None or self.cfg.mode == "evaluate":
+            return None
+        return SharedModelServer(self.cfg, workdir)
+
+
+class SharedModelServer(SharedServer):
+    """teacher=model's local server for a sweep: its model resolved when it starts."""
+
+    def __init__(self, cfg: Config, workdir: Path) -> None:
+        self.cfg, self.workdir = cfg, workdir
+        self.local: Any = None
+
+    def start(self) -> tuple[list[str], dict[str, Any]]:
+        teacher = build.resolve_model(self.cfg.teacher.server.model, "teacher.server.model")
+        self.local = local_teacher_server(self.cfg, teacher, self.workdir)
+        return [self.local.start()], teacher_server_settings(self.cfg, teacher)
+
+    def stop(self) -> None:
+        if self.local is not None:
+            self.local.stop()
+
 
 class ModelTeacherRun(TeacherRun):
     """teacher=model's side of a run: its server's URLs (waited for when the scorer is built)."""
@@ -210,6 +273,27 @@ class ModelTeacherRun(TeacherRun):
 
     def for_workers(self) -> tuple[str, list[str]] | None:
         return (self.model, self.urls) if self.urls else None
+
+
+class ModelWorkerRun(TeacherRun):
+    """teacher=model's side of a run in an environment worker: the driver's server URLs, scored
+    within the worker's share of teacher.max_concurrent (its config's)."""
+
+    def __init__(self, cfg: Config, model: str, urls: list[str]) -> None:
+        self.cfg, self.model, self.urls = cfg, model, urls
+
+    def scorer(self, policy_urls: list[str], tracer: Tracer) -> Any:
+        return build.teacher_model(self.cfg, self.model, self.urls, tracer)
+
+    def for_workers(self) -> tuple[str, list[str]]:
+        return self.model, self.urls
+
+
+def workers_teacher(cfg: Any, run: TeacherRun) -> tuple[type[Teacher], Any] | None:
+    """What environment workers build their scorer from (opd.distributed.worker.teacher_scorer):
+    the configured kind (its registry entry, a class) and what `run` ships to them; None: nothing."""
+    shipped = run.for_workers()
+    return None if shipped is None else (TEACHERS.get(cfg.teacher.kind), shipped)
 
 
 def teacher_of(cfg: Any) -> Teacher:

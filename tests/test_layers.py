@@ -32,12 +32,13 @@ LAYERS = [
     ["opd.fixture"],
     ["opd.build"],
     ["opd.distributed"],
-    # Sweeps: the state file and progress the jobs read, the callback that starts the shared servers.
+    # Sweeps: the state file and progress the jobs read.
     ["opd.sweep"],
     # The teacher, a component: each kind's preflight, server and rows (over the build, the servers' lifecycles and a sweep's shared teacher).
     ["opd.teachers"],
-    # `python -m opd.records` is an entry point: its --rerender needs the environments' tools.
-    ["opd.experiment", "opd.atropos", "opd.records.__main__"],
+    # `python -m opd.records` is an entry point: its --rerender needs the environments' tools. The
+    # sweep's callback (Hydra's entry into a sweep) starts the shared servers, the teacher's through its component.
+    ["opd.experiment", "opd.atropos", "opd.records.__main__", "opd.sweep.callback"],
     ["experiments"],
 ]
 FOLDERS = ("opd", "experiments")

@@ -184,3 +184,131 @@ def test_a_group_labelled_with_a_plug_in_kind_is_held_to_a_row_on_every_trained_
     holed["distill_token_ids"][0][trained[2]] = [DISTILL_PAD_ID] * 4
     holed["distill_logprobs"][0][trained[2]] = [DISTILL_PAD_LOGPROB] * 4
     assert f"trained token [0][{trained[2]}] has no teacher row or teacher logprob, but group_overrides.teacher is scripted" in check_group(holed)
+
+
+def test_a_sweep_starts_the_server_a_kind_shares_without_knowing_the_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep's callback asks the teacher component for the server its jobs share: a kind of
+    yours that has one gets it started once before the jobs (its URLs and settings in the sweep's
+    state) and stopped after them; before, only teacher=model's was, by the callback itself."""
+    from omegaconf import open_dict, read_write
+
+    from opd.config import compose as compose_hydra
+    from opd.sweep.callback import SweepCallback
+    from opd.sweep.state import read_state
+
+    events: list[tuple[str, Path | None]] = []
+
+    class Shared:  # an opd.teachers.SharedServer
+        def __init__(self, workdir: Path) -> None:
+            self.workdir = workdir
+
+        def start(self) -> tuple[list[str], dict[str, Any]]:
+            events.append(("start", self.workdir))
+            return ["http://127.0.0.1:1/v1"], {"model": "scripted"}
+
+        def stop(self) -> None:
+            events.append(("stop", None))
+
+    kind = scripted_kind(monkeypatch)
+    kind.shared_server = lambda self, workdir: Shared(workdir)  # type: ignore[attr-defined]
+    cfg = compose_hydra(["teacher.kind=scripted", "server=vllm", "server.model=fixture", "server.base_urls=[http://127.0.0.1:9/v1]",
+                         "tracking.enabled=false", "runner.progress=false", f"hydra.sweep.dir={tmp_path}"], hydra=True)
+    with read_write(cfg), open_dict(cfg):
+        cfg.hydra.overrides.task = ["seed=0,1"]
+    callback = SweepCallback()
+    callback.on_multirun_start(cfg)
+    state = read_state(tmp_path)
+    assert state is not None and state.teacher_urls == ["http://127.0.0.1:1/v1"] and state.teacher_settings == {"model": "scripted"}
+    assert state.server_urls is None  # server=vllm: the policy's servers are running ones
+    assert events == [("start", tmp_path / "vllm_teacher")]
+    callback.on_multirun_end(cfg)
+    assert events[-1] == ("stop", None) and len(events) == 2
+
+
+def test_teacher_model_shares_a_local_server_whose_settings_its_jobs_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """teacher=model's shared server: none with a running one or mode=evaluate; else a local one,
+    whose settings in the sweep's state are those a job of the same config finds and uses."""
+    from opd import teachers
+    from opd.sweep.state import SweepState, shared_teacher_for
+
+    started: list[Any] = []
+
+    class Local:
+        def __init__(self, cfg: Any, teacher: str, workdir: Path) -> None:
+            self.teacher, self.workdir = teacher, workdir
+
+        def start(self) -> str:
+            started.append(self)
+            return "http://127.0.0.1:2/v1"
+
+        def stop(self) -> None:
+            started.remove(self)
+
+    monkeypatch.setattr(teachers, "local_teacher_server", Local)
+    base = ["teacher=model", "teacher.server.model=fixture_teacher"]
+    assert teachers.teacher_of(validate(compose([*base, "teacher.server.base_url=http://127.0.0.1:3/v1"]))).shared_server(tmp_path) is None
+    assert teachers.teacher_of(validate(compose([*base, "mode=evaluate"]))).shared_server(tmp_path) is None
+    cfg = validate(compose(base))
+    shared = teachers.teacher_of(cfg).shared_server(tmp_path / "vllm_teacher")
+    assert shared is not None
+    urls, settings = shared.start()
+    (local,) = started
+    assert urls == ["http://127.0.0.1:2/v1"] and local.workdir == tmp_path / "vllm_teacher"
+    state = SweepState(sweep_dir=str(tmp_path), swept=["seed"], teacher_urls=urls, teacher_settings=settings)
+    assert shared_teacher_for(state, cfg, local.teacher) == urls
+    assert shared_teacher_for(state, validate(compose([*base, "teacher.topk=5"])), local.teacher) is None
+    shared.stop()
+    assert started == []
+
+
+def test_each_environment_worker_builds_its_scorer_through_the_kind(fixture_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runner.workers > 1: a worker gets the scorer of the run's own kind, rebuilt from what the
+    driver's run shipped (`TeacherRun.for_workers`) by the kind's registry entry and the driver's
+    call (`Teacher.scorer`); before, a worker built a TeacherModel from teacher=model's config
+    fields whatever the kind (a plug-in kind's config has none of them)."""
+    import copy
+
+    from opd import build
+    from opd.distributed.worker import EnvWorker
+    from opd.teachers import TeacherRun
+
+    class Shipped(TeacherRun):  # picklable: the workers use the run itself
+        def scorer(self, policy_urls: list[str], tracer: Any) -> Any:
+            return ("scripted scorer", tuple(policy_urls))
+
+        def for_workers(self) -> Any:
+            return self
+
+    kind = scripted_kind(monkeypatch, Shipped())
+    cfg = validate(compose(["teacher.kind=scripted", "runner.workers=2", f"server.model={fixture_model}"]))
+    built: list[Any] = []
+    monkeypatch.setattr(build, "environment", lambda *args: built.append(args[-1]))
+    EnvWorker(copy.copy(cfg), None, fixture_model, ["http://127.0.0.1:9/v1"], 1, 2, (kind, Shipped()))  # type: ignore[arg-type]
+    assert built == [("scripted scorer", ("http://127.0.0.1:9/v1",))]
+    from opd.teachers import workers_teacher  # what the driver ships: the kind's registry entry and its run's part
+
+    shipped = Shipped()
+    assert workers_teacher(cfg, shipped) == (kind, shipped)
+
+
+def test_a_teacher_model_worker_scores_on_the_drivers_servers_within_its_share(fixture_model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opd.distill.teacher_model import TeacherModel
+    from opd.distributed.worker import teacher_scorer
+    from opd.teachers import ModelTeacher, ModelTeacherRun, workers_teacher
+
+    cfg = validate(compose(["teacher=model", "teacher.server.model=fixture_teacher", "runner.workers=2", "teacher.max_concurrent=3", "distill_topk=4"]))
+    run = ModelTeacherRun(cfg, "/models/teacher", None)  # type: ignore[arg-type]
+    assert workers_teacher(cfg, run) is None  # its server not yet asked for its URLs: nothing to ship
+    run.urls = ["http://127.0.0.1:7/v1"]
+    teacher = workers_teacher(cfg, run)
+    assert teacher == (ModelTeacher, ("/models/teacher", ["http://127.0.0.1:7/v1"]))
+    import copy
+
+    shares = []
+    for index in (0, 1):
+        own = copy.copy(cfg)
+        scorer = teacher_scorer(own, teacher, ["http://127.0.0.1:9/v1"], index, 2)
+        assert isinstance(scorer, TeacherModel) and scorer.top_k == 4
+        assert [c.base_url for c in scorer.pool.clients] == ["http://127.0.0.1:7/v1"]
+        shares.append(own.teacher.max_concurrent)
+    assert shares == [2, 1] and cfg.teacher.max_concurrent == 3

@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from opd.config.checks import ConfigError, at_least, checked, fail, one_of, relation, require
+from opd.config.checks import ConfigError, at_least, checked, one_of, relation, require
 from opd.config.dataset import DatasetConfig
 from opd.config.env import InlineMathEnvConfig, OPDCodingEnvConfig
 from opd.config.evaluation import EvalConfig
@@ -56,6 +56,10 @@ class Config:
     output_dir: str = MISSING
     resume: bool = MISSING
     sinks: list[str] = MISSING
+    # {sink name: its settings}. `sinks` and `sink_settings` are checked against what each sink
+    # declares where it is registered (opd.sinks.registry.check_sinks, at preflight and at a
+    # sweep's start): a higher layer than this schema.
+    sink_settings: dict[str, Any] = MISSING
 
 
 @relation(Config)
@@ -76,21 +80,6 @@ def local_trainer_trains_in_the_run(cfg: Config, at: str) -> None:
     # Whether the weighted loss terms have a signal is checked at preflight (opd.train.teacher_terms).
     if cfg.trainer.kind == "local":
         require(cfg.mode == "train", "trainer", "used with mode=train (trainer=local trains on the groups it writes)", f"trainer={cfg.trainer.kind}, mode={cfg.mode}")
-
-
-@relation(Config)
-def the_sinks_a_run_needs(cfg: Config, at: str) -> None:
-    # A sink is left out where the run does not use it (opd/sinks/registry.py); the reverse, a run
-    # that needs a sink the list leaves out, would run to the end and silently not do its job.
-    needed = [("trainer", cfg.trainer.kind == "local", "trainer=local trains on the groups the trainer sink hands it"),
-              ("atropos", cfg.mode == "serve", "mode=serve sends the groups to the Atropos API through the atropos sink"),
-              ("atropos", cfg.trainer.kind == "atropos", "trainer=atropos takes the groups from the atropos sink"),
-              ("evaluation", cfg.eval.every is not None and cfg.mode != "evaluate", f"eval.every={cfg.eval.every} evaluates through the evaluation sink")]
-    for sink, used, why in needed:
-        if used and sink not in cfg.sinks:
-            fail("sinks", f"a list holding {sink} ({why})", list(cfg.sinks), f"; add it: sinks=[{','.join([*(s for s in cfg.sinks if s != 'jsonl'), sink])}]")
-    if "jsonl" in cfg.sinks:  # not a sink: the file every run writes, before any sink
-        fail("sinks", "names of sinks after groups.jsonl (always written, first: leave jsonl out)", list(cfg.sinks))
 
 
 @relation(Config)

@@ -195,9 +195,9 @@ class WorkerSource:
                 **{f"summary/worker_{w.index}_groups": float(w.groups) for w in self.workers}}
 
 
-def start_workers(ray: Any, cfg: Config, data: TaskSet, model: str, base_urls: list[str], teacher: tuple[str, list[str]] | None = None) -> list[Worker]:
+def start_workers(ray: Any, cfg: Config, data: TaskSet, model: str, base_urls: list[str], teacher: tuple[Any, Any] | None = None) -> list[Worker]:
     """`runner.workers` actors on the connected cluster, each with its environment set up (and
-    teacher=model's scoring: `teacher`, its model and URLs); waits for them
+    the teacher's scorer, built from `teacher`: opd.distributed.worker.teacher_scorer); waits for them
     (`runner.ray.startup_timeout_s`) and fails naming what they asked for."""
     from ray.exceptions import GetTimeoutError
 
@@ -233,10 +233,10 @@ def stop_workers(ray: Any, workers: list[Worker], timeout_s: float = 30.0) -> No
 
 @contextlib.contextmanager
 def environment_workers(cfg: Config, data: TaskSet, model: str, base_urls: list[str],
-                        teacher: tuple[str, list[str]] | None = None) -> Iterator[list[Worker]]:
+                        teacher: tuple[Any, Any] | None = None) -> Iterator[list[Worker]]:
     """The Ray cluster (joined or local) and `runner.workers` environment workers on it (scoring
-    with teacher=model's servers when `teacher` gives its model and URLs), stopped at the end,
-    also on errors."""
+    with the teacher kind's scorer when `teacher` gives its kind and what its run ships,
+    `opd.teachers.workers_teacher`), stopped at the end, also on errors."""
     from opd.distributed.cluster import ray_cluster
 
     if cfg.tracking.traces:

@@ -4,8 +4,9 @@ generates the groups the driver asks for.
 Each worker has its own event loop (Ray's for async actors: uvloop unless `runner.uvloop=false`),
 its own sandboxes, and its share of every server's request slots (`slot_share`): the workers
 together never hold more than `server.max_requests_in_flight` requests per server, nor more than
-`teacher.max_concurrent` scoring requests to teacher=model's servers (which the driver started
-and watches; a worker only sends them requests). It gets the
+`teacher.max_concurrent` scoring requests to the teacher's servers (which the driver started and
+watches; a worker only sends them requests, with the scorer its teacher kind builds:
+`teacher_scorer`). It gets the
 dataset and the config from the driver, so nothing is read again on another node. It writes
 nothing: groups go back to the driver, which checks and writes them.
 """
@@ -34,12 +35,29 @@ def slot_share(slots: int, workers: int, index: int) -> int:
     return slots // workers + (1 if index < slots % workers else 0)
 
 
+def teacher_scorer(cfg: Config, teacher: tuple[Any, Any] | None, policy_urls: list[str], index: int, workers: int) -> Any:
+    """Worker `index`'s scorer, or None where no teacher scores (`teacher` None). `teacher`: the
+    run's teacher kind (its registry entry, a class of opd.teachers) and what the driver's run
+    shipped to workers (`TeacherRun.for_workers`). The kind, over `cfg` (the worker's own copy,
+    whose `teacher.max_concurrent`, where its kind's config has one, becomes this worker's share),
+    rebuilds the run (`worker_run`) and gives its scorer by the driver's call (`Teacher.scorer`)."""
+    if teacher is None:
+        return None
+    from opd.tracking.traces import Tracer
+
+    kind, shipped = teacher
+    if hasattr(cfg.teacher, "max_concurrent"):
+        cfg.teacher = replace(cfg.teacher, max_concurrent=slot_share(cfg.teacher.max_concurrent, workers, index))
+    taught = kind(cfg)
+    return taught.scorer(taught.worker_run(shipped), policy_urls, Tracer.off())
+
+
 class EnvWorker:
     """The actor (created with `ray.remote(EnvWorker)`): see the module docstring."""
 
     def __init__(self, cfg: Config, data: TaskSet, model: str, base_urls: list[str], index: int, workers: int,
-                 teacher: tuple[str, list[str]] | None = None) -> None:
-        """`teacher`: teacher=model's (model directory or name, its /v1 base URLs), or None."""
+                 teacher: tuple[Any, Any] | None = None) -> None:
+        """`teacher`: what the worker's scorer is built from (`teacher_scorer`), or None."""
         from opd import build
         from opd.tracking.traces import Tracer
 
@@ -48,11 +66,8 @@ class EnvWorker:
         cfg = copy.copy(cfg)  # not replace(): the root's checks would see a share below runner.workers
         cfg.server = replace(cfg.server, max_requests_in_flight=self.slots)
         judge = build.judge_pool(cfg)
-        teacher_model = None
-        if teacher is not None:
-            cfg.teacher = replace(cfg.teacher, max_concurrent=slot_share(cfg.teacher.max_concurrent, workers, index))
-            teacher_model = build.teacher_model(cfg, teacher[0], teacher[1], Tracer.off())
-        self.env = build.environment(cfg, data, model, build.server_pool(cfg, model, base_urls), Tracer.off(), judge, teacher_model)
+        scorer = teacher_scorer(cfg, teacher, base_urls, index, workers)
+        self.env = build.environment(cfg, data, model, build.server_pool(cfg, model, base_urls), Tracer.off(), judge, scorer)
         self.ready = False
         logger.info("environment worker %d (pid %d): %s, %d request slots per server", index, os.getpid(), cfg.env.name, self.slots)
 

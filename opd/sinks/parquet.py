@@ -1,7 +1,8 @@
 """`sinks: [..., parquet]`: when the run ends, its groups.jsonl as a dataset, one row per rollout,
-in `<run dir>/dataset/groups.parquet` (`opd.records.export`, docs/records.md), which
-`datasets.load_dataset("parquet", data_dir=...)` loads. Written once, from the file, whatever the
-run's end: a killed or resumed run's export holds every group its file holds."""
+in `<run dir>/dataset/groups.parquet` (the folder: `sink_settings.parquet.dir`;
+`opd.records.export`, docs/records.md), which `datasets.load_dataset("parquet", data_dir=...)`
+loads. Written once, from the file, whatever the run's end: a killed or resumed run's export holds
+every group its file holds."""
 
 from __future__ import annotations
 

@@ -3,10 +3,11 @@ one teacher server, with teacher=model).
 
 `SweepCallback` runs in the launching process. At the start of a sweep it checks the config (a bad
 one stops the sweep with one line, before any job), creates the parent run (named from what was
-asked) and, with server=local, starts one vLLM server for all jobs; all of it goes into the
-sweep's state file (`opd.sweep.state`), which the jobs read. Each job logs its objective to the
-parent too (at its job number), so the parent's charts show the sweep; when jobs run at once
-here, the launcher shows one progress bar for all of them (`opd.sweep.progress`).
+asked) and, with server=local, starts one vLLM server for all jobs, beside the server the
+teacher component shares (`Teacher.shared_server`, opd.teachers: teacher=model's local one); all
+of it goes into the sweep's state file (`opd.sweep.state`), which the jobs read. Each job logs
+its objective to the parent too (at its job number), so the parent's charts show the sweep; when
+jobs run at once here, the launcher shows one progress bar for all of them (`opd.sweep.progress`).
 
 Hydra calls `on_multirun_end` only when every job succeeded; a job that raises skips it. The parent
 run is therefore also closed by an exit hook: FINISHED only after a complete sweep in which every
@@ -64,6 +65,8 @@ class SweepCallback(Callback):
 
     def _start(self, config: DictConfig) -> None:
         from opd.config import validate
+        from opd.sinks.registry import check_sinks
+        from opd.teachers import teacher_of
 
         hydra_cfg = config.hydra
         sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve()
@@ -72,6 +75,8 @@ class SweepCallback(Callback):
             del job_cfg["hydra"]
             job_cfg.output_dir = str(sweep_dir)
         typed = validate(job_cfg)
+        check_sinks(typed)  # what the sinks declare (a needed one left out, a bad setting): before any job
+        teacher = teacher_of(typed)  # a kind not registered: before any job
         if typed.sweep.seeds > 1:
             self._sweep_seeds(config, typed.seed, typed.sweep.seeds)  # before the jobs are counted: it sweeps seed
         params = OmegaConf.to_container(hydra_cfg.sweeper.params, resolve=False) if OmegaConf.select(hydra_cfg, "sweeper.params") else None
@@ -85,15 +90,16 @@ class SweepCallback(Callback):
         self.state = state
         if typed.tracking.enabled:
             self._open_parent(typed, state, task)
-        local_teacher = typed.teacher.kind == "model" and typed.teacher.server.base_url is None
-        if (typed.server.kind == "local" or local_teacher) and typed.sweep.share_server:
+        # The teacher's own server for every job, where its kind has one to share (not started yet).
+        teacher_server = teacher.shared_server(sweep_dir / "vllm_teacher")
+        if (typed.server.kind == "local" or teacher_server is not None) and typed.sweep.share_server:
             if "submitit" in launcher:
                 logger.warning("sweep.share_server: jobs on other machines cannot reach a loopback server; each job starts its own")
             elif typed.trainer.kind == "local" and "joblib" in launcher:
                 # Each job's trainer reloads the served weights: jobs at once would train each other's.
                 logger.info("sweep.share_server: jobs with trainer=local run at once here, so each starts its own server")
             else:
-                self._start_servers(typed, state)
+                self._start_servers(typed, state, teacher_server)
         state.started = time.time()  # the jobs' clock: their ETA leaves out the shared server's start-up
         path = write_state(state)
         logger.info("sweep of %s jobs, state in %s (swept: %s)", jobs if jobs is not None else "?", path, ", ".join(state.swept) or "nothing")
@@ -164,30 +170,24 @@ class SweepCallback(Callback):
         state.server_settings = {**server_settings(typed.server), "max_logprobs": typed.server.max_logprobs}
         logger.info("shared inference server for the sweep: %s", state.server_urls[0])
 
-    def _start_servers(self, typed: Any, state: SweepState) -> None:
-        """The policy's shared server (server=local) and the teacher's (teacher=model on a local
-        server), started side by side (each is stopped by `_finish`, whichever fails)."""
+    def _start_servers(self, typed: Any, state: SweepState, teacher: Any) -> None:
+        """The policy's shared server (server=local) and the teacher's (`teacher`, a
+        `SharedServer` or None), started side by side (each is stopped by `_finish`, whichever fails)."""
         from concurrent.futures import ThreadPoolExecutor
+        from functools import partial
 
-        starts = [self._start_server] if typed.server.kind == "local" else []
-        if typed.teacher.kind == "model" and typed.teacher.server.base_url is None:
-            starts.append(self._start_teacher_server)
+        starts = [partial(self._start_server, typed, state)] if typed.server.kind == "local" else []
+        if teacher is not None:
+            starts.append(partial(self._start_teacher_server, teacher, state))
         with ThreadPoolExecutor(len(starts), thread_name_prefix="sweep-server") as pool:
-            for started in [pool.submit(start, typed, state) for start in starts]:
+            for started in [pool.submit(start) for start in starts]:
                 started.result()
 
-    def _start_teacher_server(self, typed: Any, state: SweepState) -> None:
-        """teacher=model's server for every job: the teacher's weights never change, so jobs that
-        train the policy one after another share it as they share the policy's."""
-        from opd.build import resolve_model
-        from opd.serving.lifecycle import local_teacher_server
-        from opd.sweep.state import teacher_server_settings
-
-        teacher = resolve_model(typed.teacher.server.model, "teacher.server.model")
-        self.teacher_server = local_teacher_server(typed, teacher, Path(state.sweep_dir) / "vllm_teacher")
-        state.teacher_urls = [self.teacher_server.start()]
-        state.teacher_settings = teacher_server_settings(typed, teacher)
-        logger.info("shared teacher server for the sweep: %s", state.teacher_urls[0])
+    def _start_teacher_server(self, server: Any, state: SweepState) -> None:
+        """The teacher component's shared server, for every job."""
+        self.teacher_server = server  # stopped by _finish even if its start fails
+        state.teacher_urls, state.teacher_settings = server.start()
+        logger.info("shared teacher server for the sweep: %s", ", ".join(state.teacher_urls))
 
     def _finish(self, completed: bool) -> None:
         """Close the parent run (FINISHED only if the sweep completed and every child finished); stop the server."""
