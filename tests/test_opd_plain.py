@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from experiments.opd_plain import report, sweep
+from experiments.opd_plain import report, sweep, tools
 from experiments.opd_plain.bundle import make_bundle
 from experiments.opd_plain.loop import ARMS, Row, kl_terms, load, loss_of, padded, run_arm, token_logprobs
 from experiments.opd_plain.tools import answer_call, run_python
@@ -31,6 +31,12 @@ PROGRAMS = [
     "print(125 // 11)\nprint(7 % 2, 3 - 10)",
     "print(sum([x for x in range(10) if x % 3 == 0]))",
     "print(7 / 2)",
+    # Beyond the fixture: Python's printing of tuples and ranges, its comprehension scopes, sums of lists.
+    "print((1, 2), range(3), '-' * 3)",
+    "print([[x for x in range(2)] + [x] for x in range(3)])",
+    "print(sum([[1], [2]], []))",
+    # A comprehension over the longest range with a sizeable body fits the step budget.
+    "print(sum(k * k + 2 * k - 1 for k in range(100000) if k % 3 == 0))",
 ]
 
 
@@ -46,6 +52,8 @@ def test_the_python_tool_prints_what_python_prints(code: str) -> None:
     "print(__import__('os').system('touch /tmp/opd-plain-ran'))",
     "print((1).__class__)",
     "x = 1\nprint(x)",
+    "print([x for x in range(3)], x)",
+    "print(len('%0100000000d' % 1))",
 ])
 def test_the_python_tool_never_runs_anything_else(code: str) -> None:
     result = run_python(code)
@@ -53,11 +61,53 @@ def test_the_python_tool_never_runs_anything_else(code: str) -> None:
     assert not Path("/tmp/opd-plain-ran").exists()
 
 
-@pytest.mark.parametrize("code", ["print(10 ** 10 ** 10)", "print(sum(range(10 ** 12)))", "print(len(str(9 ** 128 * 9 ** 128)))"])
+@pytest.mark.parametrize("code", ["print(10 ** 10 ** 10)", "print(sum(range(10 ** 12)))", "print(len(str(9 ** 128 * 9 ** 128)))",
+                                  "print(len([0] * 10 ** 8))", "print(len([0] * 10 ** 18))"])
 def test_the_python_tool_refuses_unbounded_work_at_once(code: str) -> None:
     started = time.process_time()
     result = run_python(code)
     assert result["exit_code"] == 1 and time.process_time() - started < 1.0
+
+
+# Programs whose work grows past any bound while each part stays within the stated ones.
+UNBOUNDED = [
+    "print(len([[y for y in range(100000)] for x in range(100000)]))",
+    "print(sum(sum(range(100000)) for x in range(100000)))",
+    "print(len(sum([[x] for x in range(100000)], [])))",  # quadratic copying
+    "print(len(str([[a] * 100 for a in [[b] * 100 for b in [[0] * 100]]])))",  # one list held many times
+    "print([[[0] * 1000] * 1000] * 1000 == [[[0] * 1000] * 1000] * 1000)",
+    "print(max([[[0] * 10000] * 10000] * 10000))",
+    "print([[0] * 10 ** 4] * 10 ** 4)",
+    "print(len('a' * 10 ** 8))",
+]
+
+
+@pytest.mark.parametrize("code", UNBOUNDED)
+def test_the_python_tool_stops_a_program_at_its_step_budget(code: str) -> None:
+    assert run_python(code, max_steps=20_000) == {"stdout": "", "stderr": "Unsupported: the program takes more than 20000 steps", "exit_code": 1}
+
+
+def test_the_python_tools_output_is_cut_like_the_sandboxes() -> None:
+    full = subprocess.run([sys.executable, "-c", "print(list(range(100000)))"], capture_output=True, text=True, check=True).stdout
+    stdout = run_python("print([x for x in range(100000)])")["stdout"]
+    assert stdout == full[:tools.MAX_OUTPUT_CHARS] + f"\n...[truncated at {tools.MAX_OUTPUT_CHARS} characters]"
+
+
+@pytest.mark.parametrize("code", ["print(1e999)", "print(1e999 - 1e999)", "print(1e300)", "print(((-8) ** 0.5 * 10 ** 99) ** 2)"])
+def test_the_python_tool_refuses_values_past_the_calculators_magnitude(code: str) -> None:
+    assert run_python(code) == {"stdout": "", "stderr": "OverflowError: result too large", "exit_code": 1}
+
+
+def test_the_python_tools_answer_is_text_the_tokenizer_reads() -> None:
+    """A lone surrogate is an error, as printing it is in Python, not a str the tokenizer raises on."""
+    result = answer_call(json.dumps({"name": "python_interpreter", "arguments": {"code": "print('\\ud800')"}}))
+    assert result["exit_code"] == 1 and result["stderr"].startswith("UnicodeEncodeError")
+    json.dumps(result, ensure_ascii=False).encode("utf-8")
+
+
+@pytest.mark.parametrize("body", ["[" * 100_000, '{"name": "calculator", "arguments": {"expr": "1"}, "n": 1' + "0" * 5000 + "}"])
+def test_unreadable_json_is_answered_with_an_error(body: str) -> None:
+    assert answer_call(body).keys() == {"error"}
 
 
 def test_calls_are_answered_like_the_env_answers_them() -> None:
