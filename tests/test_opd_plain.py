@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -117,6 +117,17 @@ def test_calls_are_answered_like_the_env_answers_them() -> None:
     assert answer_call('{"name": "python_interpreter", "arguments": {"035 + 9"}}') == {
         "error": "tool call is not valid JSON: Expecting ':' delimiter (a hermes tool call)"}
     assert "error" in answer_call('{"name": "shell", "arguments": {"cmd": "ls"}}')
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Torch on one thread for this module's models: the suite runs a test per core, and two
+    threads of each on busy cores wait on each other (the arm tests took 175-314 s at load 15, 3 s
+    alone)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -57,9 +57,9 @@ CHECKS: dict[str, tuple[str, str]] = {
     "python -m experiments.launch -m experiment=reward_sweep_closed_loop && python -m experiments.compare outputs/sweeps/<date>/<time>":
         ("compose", "two closed loops; compare is run on the reward sweep below"),
     "python -m experiments.launch -m experiment=opd_vs_grpo":
-        ("compose", "six closed loops (an hour of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),
+        ("compose", "three closed loops (49 min of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),
     "python -m experiments.launch -m experiment=opd_vs_grpo arm=opd,opd_topk sweep.seeds=1":
-        ("compose", "two closed loops (35 min of CPU); tests/test_opd_vs_grpo.py runs the experiment at a tiny budget on vLLM"),
+        ("compose", "two closed loops (half an hour of CPU); tests/test_opd_vs_grpo.py runs the experiment at a tiny budget on vLLM"),
     "python -m opd.fixture.build --config opd/fixture/student/build_config.json": ("help", "rebuilding the student takes 44 minutes"),
     "python -m experiments.opd_plain.bundle --out bundle.json": ("help", "tests/test_opd_plain.py makes the bundle and runs each arm a step"),
     "python -m experiments.opd_plain.sweep --bundle bundle.json --out results --wall-s 420 --runs grpo:1e-4:0 grpo:1e-4:1 opd:1e-4:0 opd:1e-4:1 "
@@ -69,7 +69,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "-- --steps 100 --eval-every 25": ("help", "4 minutes of a GPU; as above"),
     "python -m experiments.opd_plain.report results": ("help", "tests/test_opd_plain.py reports on evaluations it wrote"),
     "python -m experiments.launch -m experiment=opd_vs_grpo && python -m experiments.compare outputs/sweeps/<date>/<time>":
-        ("compose", "six closed loops (an hour of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),
+        ("compose", "three closed loops (49 min of CPU); tests/test_opd_vs_grpo.py runs it at a tiny budget on vLLM"),
     "python -m experiments.bench loop": ("help", "a closed-loop iteration: minutes"),
     "python -m experiments.launch dataset=math_local dataset.path=/data/problems.jsonl dataset.prompt_field=question": ("run", "on a file of questions"),
     "python -m experiments.launch reward.weights.tool_use=0.5 env.max_tool_calls=5": ("run", ""),
