@@ -91,7 +91,11 @@ def entry_of(name: str) -> Entry[SinkFactory] | None:
     registered itself: its entry; one that did not: None)."""
     if name in SINKS:
         return SINKS.entry(name)
-    factory = resolve(name)
+    return _registered(resolve(name))
+
+
+def _registered(factory: SinkFactory) -> Entry[SinkFactory] | None:
+    """The registry entry whose factory is `factory` (None: it never registered itself)."""
     return next((entry for entry in SINKS.entries() if entry.value is factory), None)
 
 
@@ -161,9 +165,10 @@ def build_sinks(names: list[str], ctx: SinkContext) -> list[Sink]:
 
     out: list[Sink] = [GroupFile(ctx.groups_path, fsync=ctx.cfg.runner.fsync)]
     for name in names:
-        entry = entry_of(name)
+        factory = resolve(name)  # imported once: a sink of yours by its package.module:factory
+        entry = _registered(factory)
         settings = settings_of(ctx.cfg, entry.name) if entry is not None else None
-        made = resolve(name)(replace(ctx, settings=settings))
+        made = factory(replace(ctx, settings=settings))
         if made is not None:
             out.append(made)
     return out
