@@ -139,3 +139,18 @@ def test_the_held_out_reverse_kl_change_is_paired_by_item_with_an_interval() -> 
     assert gaps["summary/reverse_kl_change_items"] == 38
     # Rows without any KL (a run with no teacher model): nothing to report.
     assert paired_kl_change(rows([None] * 4), rows([None] * 4)) == {}
+
+
+def test_each_items_row_keeps_the_mean_of_its_own_samples_values() -> None:
+    """An item's row has the mean over its own samples of each sampled value (the reverse KL to the
+    teacher), not the evaluation's mean; a failed sample (None) is left out of its item's mean."""
+    from opd.envs.base import ItemResult, _report
+
+    def sample(kl: float) -> ItemResult:
+        return ItemResult(False, 0.0, {"reverse_kl_to_teacher": kl})
+
+    items = [{"id": "a"}, {"id": "b"}]
+    results = [[ItemResult(False, 0.0), sample(0.2), sample(0.4)], [ItemResult(False, 0.0), sample(1.0), None]]
+    report = _report(items, results, 2)
+    assert [row["sampled_reverse_kl_to_teacher"] for row in report.items] == pytest.approx([0.3, 1.0])
+    assert report.metrics["eval/sampled_reverse_kl_to_teacher"] == pytest.approx((0.2 + 0.4 + 1.0) / 3)
