@@ -242,3 +242,18 @@ def test_the_sweep_gives_every_run_its_arm_and_the_shared_arguments(tmp_path: Pa
     assert "--eval-teacher" in first and "--eval-teacher" not in second  # the ceiling, once
     assert second[4:9] == ["grpo", "--lr", "3e-4", "--seed", "1"] and second[-2:] == first[-2:] == ["--steps", "5"]
     assert second[second.index("--out") + 1] == str(tmp_path / "grpo_lr3e-4_s1.jsonl")
+
+
+def test_printing_numbers_pays_for_their_text() -> None:
+    """Each printed number pays for its text, not one step: two million 101-digit numbers were
+    ~400 MB of output before the cut, two million floats' text ~6 s."""
+    result = run_python("print([[-10**100]*1000]*1990)")
+    assert result["exit_code"] == 1 and result["stderr"] == f"Unsupported: the program takes more than {tools.MAX_STEPS} steps"
+    assert run_python("print([[-2.2250738585072014e-308 ** 0.9] * 1000] * 1990)")["stderr"] == result["stderr"]
+    assert run_python("print([1.5]*1000)")["stdout"] == str([1.5] * 1000)[: tools.MAX_OUTPUT_CHARS] + "\n...[truncated at 2000 characters]"
+
+
+def test_an_unknown_tools_name_is_echoed_cut() -> None:
+    """The model's tool name is echoed in the error, its first 100 characters only."""
+    error = answer_call(json.dumps({"name": "x" * 1_000_000, "arguments": {}}))["error"]
+    assert error == f"no tool {'x' * 100!r} with these arguments"

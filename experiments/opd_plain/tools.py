@@ -27,6 +27,9 @@ MAX_EXPONENT = CalculatorLimits().max_exponent
 MAX_STEPS = 2_000_000
 # Longest stdout answered, in characters (the sandbox's `output_chars`); the rest is cut, saying so.
 MAX_OUTPUT_CHARS = 2000
+# Steps a float or complex costs where its text is made (str, print): up to ~50 characters, ~3 us
+# each; an int pays about its digits (up to ~104 below the magnitude bound).
+NUMBER_STEPS = 24
 
 
 class Unsupported(ValueError):
@@ -59,15 +62,20 @@ class _Program:
         if self.steps_left < 0:
             raise Unsupported(f"the program takes more than {self.max_steps} steps")
 
-    def spend_walk(self, *values: Any) -> None:
+    def spend_walk(self, *values: Any, text: bool = False) -> None:
         """Pay for walking `values` whole (str, print, compare, min, max): their elements, nested
-        ones included, counted until the budget is out (a list can hold one list many times)."""
+        ones included, counted until the budget is out (a list can hold one list many times); with
+        `text` (str, print), each number its text too."""
         stack = list(values)
         self.spend(len(stack))
         while stack:
             value = stack.pop()
             if isinstance(value, str):
                 self.spend(len(value))
+            elif text and isinstance(value, int):
+                self.spend(value.bit_length() // 3 + 2)
+            elif text and isinstance(value, (float, complex)):
+                self.spend(NUMBER_STEPS)
             elif isinstance(value, (list, tuple, range)):
                 self.spend(len(value))
                 if not isinstance(value, range):
@@ -146,7 +154,7 @@ class _Program:
             if len(span) > MAX_RANGE:
                 raise Unsupported("range too long")
             return span
-        self.spend_walk(*args)
+        self.spend_walk(*args, text=name == "str")
         if name == "sum" and len(args) == 2 and isinstance(args[1], (list, tuple)):
             total = args[1]
             for item in args[0]:  # each `+` paid as one: summing lists is quadratic
@@ -180,7 +188,7 @@ def run_python(code: str, max_steps: int = MAX_STEPS) -> dict[str, Any]:
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print" and not call.keywords):
                 raise Unsupported("a statement other than print(...)")
             args = [program.value(arg) for arg in call.args]
-            program.spend_walk(*args)
+            program.spend_walk(*args, text=True)
             out.append(" ".join(map(str, args)) + "\n")
         stdout = "".join(out)
         stdout.encode("utf-8")  # as Python's stdout would: a lone surrogate is an error, not text for the tokenizer
@@ -209,4 +217,5 @@ def answer_call(body: str) -> dict[str, Any]:
             return {"error": str(err)}
     if name == "python_interpreter" and isinstance(arguments.get("code"), str):
         return run_python(arguments["code"])
-    return {"error": f"no tool {name!r} with these arguments"}
+    shown = repr(name[:100]) if isinstance(name, str) else type(name).__name__  # the model's name, not all of it
+    return {"error": f"no tool {shown} with these arguments"}
