@@ -112,6 +112,27 @@ def _default_sandbox():
     return validate(compose()).env.sandbox
 
 
+@functools.lru_cache(maxsize=None)
+def family_tokenizer(name: str):
+    """The real tokenizer of preset `name` (opd.fixture.families; the fixture's own for "fixture"),
+    loaded once per test process: a load takes ~0.6 s of CPU, and the template and control-token
+    tests ask for the same seven hundreds of times. Shared, so a test only reads it."""
+    from opd.serving.tokenizer import load_tokenizer
+
+    return load_tokenizer(str(family_dir(name)))
+
+
+def family_dir(name: str) -> Path:
+    """The directory of preset `name`'s tokenizer and template (the fixture model's for "fixture")."""
+    if name == "fixture":
+        from opd.fixture.build import ensure_fixture
+
+        return Path(ensure_fixture())
+    from opd.fixture.families import tokenizer_dir
+
+    return tokenizer_dir(name)
+
+
 @pytest.fixture(scope="session")
 def fixture_model() -> str:
     from opd.fixture.build import ensure_fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose, one_fast
+from conftest import compose, family_tokenizer, one_fast
 from family_tokenizers import R1_STOCK
 from opd.fixture.families import tokenizer_dir
 from opd.serving.tokenizer import load_tokenizer
@@ -40,7 +40,7 @@ def families() -> dict[str, tuple[Path, object, ChatFormat]]:
     out = {}
     for name in FAMILY_NAMES:
         directory = tokenizer_dir(name)
-        out[name] = (directory, load_tokenizer(str(directory)), ChatFormat.from_config(validate(compose([f"model={name}"])).model))
+        out[name] = (directory, family_tokenizer(name), ChatFormat.from_config(validate(compose([f"model={name}"])).model))
     return out
 
 
@@ -300,7 +300,7 @@ def test_an_unknown_parser_name_ends_the_run_before_any_group_is_written(tmp_pat
     from opd.sinks.jsonl import GroupFile
 
     directory = tokenizer_dir("qwen2_5")
-    tokenizer = load_tokenizer(str(directory))
+    tokenizer = family_tokenizer("qwen2_5")
     cfg = validate(compose(["model=qwen2_5", "model.tool_call_parser=no_such_parser", "env=inline_math", "group_size=2", f"server.model={directory}"]))
     client = ScriptedClient(generate=vllm_like(tokenizer, ["<think>I add.</think> \\boxed{5}"] * 8))
     env = build_env(cfg, TaskSet(train=[MATH], eval=[], source="test"), str(directory), client)

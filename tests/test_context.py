@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from conftest import compose, one_fast
+from conftest import compose, family_tokenizer, one_fast
 from opd.agent.chat_format import ChatFormat
 from opd.agent.chat_tokens import special_ids
 from opd.agent.context import NEXT_TURN_MIN, cut_text, fit_texts
@@ -27,15 +27,7 @@ CUT = "the model's context has no room for more]"
 
 
 def _family(name: str):
-    if name == "fixture":
-        from opd.fixture.build import ensure_fixture
-
-        directory = ensure_fixture()
-    else:
-        from opd.fixture.families import tokenizer_dir
-
-        directory = tokenizer_dir(name)
-    return load_tokenizer(str(directory)), validate(compose([f"model={name}", "env=opd_coding"]))
+    return family_tokenizer(name), validate(compose([f"model={name}", "env=opd_coding"]))
 
 
 class Parser:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import compose, one_fast
+from conftest import compose, family_dir, family_tokenizer, one_fast
 from opd.agent.chat_format import ChatFormat
 from opd.agent.chat_tokens import encode_text, encode_with_text_spans, special_ids
 from opd.agent.loop import AgentLimits, run_agent
@@ -23,7 +23,6 @@ from opd.distill.pipeline import FailureLog, apply_opd
 from opd.serving.vllm_client import ChatReply, Generation, PromptScores
 from opd.tools.registry import Tool, Toolbox
 from opd.tracking.traces import Tracer
-from test_context import _family
 
 FAMILIES = ["fixture", "qwen3", "llama3", "gpt_oss", "mistral", "qwen2_5", "deepseek_r1_distill"]
 # A forged turn in each family's control strings (the fixture's are Qwen's).
@@ -86,7 +85,7 @@ def _rollout(name: str, tokenizer: Any, fmt: ChatFormat, written: str):
 
 
 def _teacher_requests(name: str, placement: str, written: str) -> tuple[Any, Any, list[list[int]], list[dict]]:
-    tokenizer, cfg = _family(name)
+    tokenizer = family_tokenizer(name)
     cfg = validate(compose([f"model={name}", "env=opd_coding", f"env.opd.hint_placement={placement}", "distill_topk=2"]))
     fmt = ChatFormat.from_config(cfg.model)
     rollout = _rollout(name, tokenizer, fmt, written)
@@ -133,40 +132,27 @@ def test_control_strings_the_policy_wrote_stay_text_in_the_teachers_request(name
 
 # ---- the judge: the quoted text is defused for the judge's own tokenizer --------------------------
 
-_TOKENIZERS: dict[str, Any] = {}
-
-
-def _tokenizer(name: str) -> Any:
-    if name not in _TOKENIZERS:
-        _TOKENIZERS[name] = _family(name)[0]
-    return _TOKENIZERS[name]
-
-
-def _directory(name: str) -> str:
-    if name == "fixture":
-        from opd.fixture.build import ensure_fixture
-
-        return str(ensure_fixture())
-    from opd.fixture.families import tokenizer_dir
-
-    return str(tokenizer_dir(name))
-
-
 def _judge_reads(judge: str, messages: list[dict]) -> Counter:
     """The control tokens of the judge's prompt as its server reads it: its template, then its
     tokenizer with special tokens parsed (vLLM's chat route)."""
-    tokenizer = _tokenizer(judge)
+    tokenizer = family_tokenizer(judge)
     fmt = ChatFormat.from_config(validate(compose([f"model={judge}"])).model)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **fmt.render_kwargs)
     return _controls(tokenizer, tokenizer.encode(text, add_special_tokens=False))
 
 
-def _judged(policy: str, judge: str, written: str) -> list[dict]:
-    from opd.distill.judge_prompt import judge_messages
+def _defuser(policy: str, judge: str) -> Any:
+    """judge=server's defuser for a judge of family `judge` (its directory as judge.model, so the
+    defuser loads the judge's own tokenizer from it) over a policy of family `policy`."""
     from opd.distill.judge_tokens import judge_defuser
 
-    cfg = validate(compose(["env=opd_coding", "judge=server", "judge.base_url=http://127.0.0.1:9/v1", f"judge.model={_directory(judge)}"]))
-    defuse = judge_defuser(cfg.judge, _tokenizer(policy))
+    cfg = validate(compose(["env=opd_coding", "judge=server", "judge.base_url=http://127.0.0.1:9/v1", f"judge.model={family_dir(judge)}"]))
+    return judge_defuser(cfg.judge, family_tokenizer(policy))
+
+
+def _judged(defuse: Any, written: str) -> list[dict]:
+    from opd.distill.judge_prompt import judge_messages
+
     messages = judge_messages(f"I ran it. {written}", f"{written}\n[exit code 0]", "tool")
     return [{**m, "content": defuse(m["content"])} for m in messages]
 
@@ -179,17 +165,18 @@ FAST_PAIRS = (("fixture", "llama3"), ("qwen3", "gpt_oss"), ("llama3", "mistral")
 
 @pytest.mark.parametrize(("policy", "judge"), [p if p in FAST_PAIRS else pytest.param(*p, marks=pytest.mark.slow) for p in PAIRS])
 def test_a_judge_of_another_family_reads_no_control_token_the_policy_wrote(policy: str, judge: str) -> None:
+    defuse = _defuser(policy, judge)
     forged = FORGED[judge] + FORGED[policy]
-    assert _judge_reads(judge, _judged(policy, judge, forged)) == _judge_reads(judge, _judged(policy, judge, "x"))
+    assert _judge_reads(judge, _judged(defuse, forged)) == _judge_reads(judge, _judged(defuse, "x"))
 
 
 def test_a_judge_whose_tokenizer_is_unknown_gets_every_familys_control_shapes_defused() -> None:
     from opd.distill.judge_tokens import judge_defuser
 
     cfg = validate(compose(["env=opd_coding", "judge=server", "judge.base_url=http://127.0.0.1:9/v1", "judge.model=served-judge"]))
-    defuse = judge_defuser(cfg.judge, _tokenizer("fixture"))
+    defuse = judge_defuser(cfg.judge, family_tokenizer("fixture"))
     for name in FAMILIES:
-        tokenizer = _tokenizer(name)
+        tokenizer = family_tokenizer(name)
         every = "".join(str(t) for t in tokenizer.added_tokens_decoder.values())
         assert _controls(tokenizer, tokenizer.encode(defuse(every), add_special_tokens=False)) == Counter(), name
 
@@ -200,7 +187,7 @@ def test_the_environment_defuses_for_the_judge_on_its_own_server(fixture_model: 
     from opd.data.sources import TaskSet
     from scripted import ScriptedClient, build_env
 
-    cfg = validate(compose(["env=opd_coding", "group_size=1", "judge=server", "judge.base_url=http://scripted/v1", f"judge.model={_directory('llama3')}"]))
+    cfg = validate(compose(["env=opd_coding", "group_size=1", "judge=server", "judge.base_url=http://scripted/v1", f"judge.model={family_dir('llama3')}"]))
     judge = ScriptedClient(chat=lambda messages, n: ["\\boxed{-1}"] * n)
     task = {"id": "t", "task": "Add.", "test_code": "print('ok')\n"}
     env = build_env(cfg, TaskSet(train=[task], eval=[], source="test"), fixture_model, ScriptedClient(), judge=judge)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import compose, one_fast
+from conftest import compose, family_tokenizer, one_fast
 from opd.agent.chat_format import ChatFormat
 from opd.agent.chat_tokens import continuation_text
 from opd.agent.rerender import Difference, rerender, segments
@@ -29,7 +29,6 @@ from opd.data.sources import TaskSet
 from opd.envs import coding_prompt, math_prompt
 from opd.fixture.families import mistral_reference, tokenizer_dir
 from opd.records import check_group
-from opd.serving.tokenizer import load_tokenizer
 from scripted import ScriptedClient, build_env, vllm_like
 
 PRESETS = ["qwen3", "qwen2_5", "qwen2_5_coder", "llama3", "mistral", "deepseek_r1_distill", "gpt_oss"]
@@ -52,7 +51,7 @@ class Presets(dict):
 
     def __missing__(self, name: str) -> tuple[Path, object, ChatFormat]:
         directory = tokenizer_dir(name)
-        self[name] = (directory, load_tokenizer(str(directory)), ChatFormat.from_config(validate(compose([f"model={name}"])).model))
+        self[name] = (directory, family_tokenizer(name), ChatFormat.from_config(validate(compose([f"model={name}"])).model))
         return self[name]
 
 

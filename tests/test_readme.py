@@ -252,21 +252,34 @@ def test_tools_too_long_to_run_here_accept_what_the_readme_passes() -> None:
     assert (ROOT / "locks" / "gpu.txt").exists() and "OPD_INFERENCE" in (ROOT / "scripts/install.sh").read_text()
 
 
-def _collected(*args: str) -> set[str]:
-    """The test ids `pytest --collect-only ARGS` selects (failing the test if it cannot collect)."""
-    out = _python("-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args, timeout=600)
+def _markers(tmp_path: Path) -> dict[str, set[str]]:
+    """{test id: its marker names} of the whole suite, as `pytest --collect-only` collects it
+    (failing the test if it cannot collect)."""
+    dump = tmp_path / "markers.json"
+    env = {**os.environ, "OPD_MARKERS_OUT": str(dump), "PYTHONPATH": str(ROOT / "tests")}
+    out = _python("-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-p", "collected_markers", timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    return {line for line in out.stdout.splitlines() if "::" in line}
+    return {test: set(names) for test, names in json.loads(dump.read_text()).items()}
+
+
+def _selected(args: tuple[str, ...], markers: dict[str, set[str]]) -> set[str]:
+    """The tests `pytest ARGS` runs: all of them, or those whose markers match `-m EXPR` (pytest's
+    own expression)."""
+    from _pytest.mark.expression import Expression
+
+    if not args:
+        return set(markers)
+    assert len(args) == 2 and args[0] == "-m", f"a README test command with arguments other than -m EXPR: {args}"
+    expression = Expression.compile(args[1])
+    return {test for test, names in markers.items() if expression.evaluate(lambda name, **_: name in names)}
 
 
 @pytest.mark.slow
-def test_the_test_commands_collect_the_suite_and_the_fast_tier_holds_no_heavy_test() -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
+def test_the_test_commands_collect_the_suite_and_the_fast_tier_holds_no_heavy_test(tmp_path: Path) -> None:
     commands = sorted({tuple(shlex.split(c.split("-m pytest", 1)[1])) for c, (kind, _) in CHECKS.items() if kind == "pytest"})
-    with ThreadPoolExecutor(len(commands)) as pool:  # the collections are processes of their own: at once
-        tiers = dict(zip(commands, pool.map(lambda args: _collected(*args), commands)))
-    assert all(tiers.values()), tiers.keys()
+    markers = _markers(tmp_path)
+    tiers = {args: _selected(args, markers) for args in commands}
+    assert all(tiers.values()), [args for args, tests in tiers.items() if not tests]
     everything, fast = tiers[()], tiers[("-m", "fast")]
     heavy = tiers[("-m", "vllm")] | tiers[("-m", "ray or slurm or browser")] | tiers[("-m", "slow")]
     # Every test is in the fast tier or a heavy one, never both.

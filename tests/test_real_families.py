@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import compose, one_fast
+from conftest import compose, family_tokenizer, one_fast
 from opd.agent.chat_format import ChatFormat
 from opd.agent.chat_tokens import WORD_JOINER, continuation_ids, continuation_text, defuse, encode_text, mistral_call_id, render_ids
 from opd.config import validate
@@ -117,7 +117,7 @@ def test_mistral_template_and_call_ids_are_mistral_commons_encoding(tmp_path: Pa
     """The project's Mistral template renders tools, a call with its 9-character id and its result
     exactly as mistral_common (Mistral's own encoder, format v3) does; the ids the agent makes
     pass mistral_common's validation."""
-    tokenizer = load_tokenizer(str(tokenizer_dir("mistral")))
+    tokenizer = family_tokenizer("mistral")
     reference = mistral_reference(tmp_path)
     call_id = mistral_call_id()
     assert len(call_id) == 9 and call_id.isalnum()
@@ -184,7 +184,7 @@ def test_qwen3_drops_earlier_reasoning_once_a_new_user_message_follows() -> None
     rollout (one user message) re-renders as sampled; a conversation with a later user message
     (e.g. the teacher's context with env.opd.hint_placement=new_user) does not. Records keep the
     sampled ids either way."""
-    tokenizer = load_tokenizer(str(tokenizer_dir("qwen3")))
+    tokenizer = family_tokenizer("qwen3")
     turn = {"role": "assistant", "content": "<think>\nPlan it.\n</think>\n\nDone."}
     one_user = tokenizer.apply_chat_template([{"role": "user", "content": "Go."}, turn], tokenize=False)
     assert "Plan it." in one_user
@@ -197,7 +197,7 @@ def test_qwen3_without_thinking_continues_after_the_sampled_turn() -> None:
     assistant turn only, so the history re-renders differently once a tool result follows: the
     continuation is the template's text after the sampled turn's <|im_end|>, the turn's ids are
     kept as sampled."""
-    tokenizer = load_tokenizer(str(tokenizer_dir("qwen3")))
+    tokenizer = family_tokenizer("qwen3")
     history = [{"role": "user", "content": "List files."}, {"role": "assistant", "content": '<tool_call>\n{"name": "terminal", "arguments": {"command": "ls"}}\n</tool_call>'}]
     text = continuation_text(tokenizer, history, [{"role": "tool", "content": "a.py"}], coding_prompt.TOOLS, {"enable_thinking": False}, "<|im_end|>")
     assert text == "\n<|im_start|>user\n<tool_response>\na.py\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
