@@ -15,6 +15,12 @@ import pytest
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Under pytest-xdist the workers share the cores: one OpenMP thread for torch in each test process
+# and in the runs and builds it starts (they inherit it; vLLM's CPU worker sets its own). Two
+# threads per process on busy cores spin waiting on each other: test_opd_plain's arms took 175-314 s
+# each at load 15, 3 s alone.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
