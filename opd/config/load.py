@@ -112,7 +112,7 @@ def validate(cfg: DictConfig) -> Config:
             raise
         raise ConfigError(f"{str(err).replace(err.key or '', knob, 1)} (it sets {err.key})", knob) from None
     # `+key=value` overrides bypass the schema at composition; to_object would drop them silently.
-    known = set(_schema_keys(typed))
+    known = set(_leaf_keys(typed))
     unknown = sorted(set(_leaf_keys(raw)) - known)
     if unknown:
         import difflib
@@ -163,24 +163,12 @@ _REQUIRED = {
 }
 
 
-def _schema_keys(node: Any, prefix: str = "") -> list[str]:
-    """The leaf keys of a typed config (what `_leaf_keys` gives for `OmegaConf.structured(node)`,
-    without building it: that took two thirds of `validate`)."""
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        children = {f.name: getattr(node, f.name) for f in dataclasses.fields(node)}
-    elif isinstance(node, dict):
-        children = node
-    else:
-        return [prefix]
-    if not children:
-        return [prefix]
-    keys: list[str] = []
-    for key, value in children.items():
-        keys += _schema_keys(value, f"{prefix}.{key}" if prefix else str(key))
-    return keys
-
-
 def _leaf_keys(tree: Any, prefix: str = "") -> list[str]:
+    """The dotted leaf keys of a config tree: a container's dicts, or a typed config's dataclasses
+    (read off them: building `OmegaConf.structured(typed)` to list its keys took two thirds of
+    `validate`)."""
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        tree = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
     if not isinstance(tree, dict) or not tree:
         return [prefix]
     keys: list[str] = []
