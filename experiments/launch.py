@@ -19,6 +19,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from opd.cli import JobFailed, fail, guard_hydra_files, log_path, register_help, report_errors, say_error  # noqa: E402
 from opd.config import ConfigError, register, validate  # noqa: E402
+from opd.event_loop import interrupt  # noqa: E402
 
 logger = logging.getLogger("experiments.launch")
 register()
@@ -94,8 +95,8 @@ def job_failure(err: BaseException) -> str:
 
 
 def _terminated(signum: int, frame: Any) -> None:
-    # SIGTERM (kill, SLURM preemption) unwinds like Ctrl-C: servers stopped, runs marked KILLED.
-    raise KeyboardInterrupt(f"signal {signum}")
+    # SIGTERM (kill, Slurm preemption) unwinds like Ctrl-C: servers stopped, runs marked KILLED.
+    interrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

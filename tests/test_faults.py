@@ -119,14 +119,15 @@ def test_sigkill_loses_only_groups_in_flight_and_resume_finishes_the_run(tmp_pat
     assert steps[-1] == STEPS and set(range(len(complete) + 1, STEPS + 1)) <= set(steps)
 
 
-def test_ctrl_c_stops_cleanly_and_marks_the_run_killed(tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_ctrl_c_or_kill_stops_cleanly_and_marks_the_run_killed(stop: signal.Signals, tmp_path: Path, fixture_model: str, vllm_url: str) -> None:
     groups_path = tmp_path / "run" / "groups.jsonl"
     proc = launch_process(tmp_path, fixture_model, vllm_url, ["env=inline_math", "total_steps=200", "group_size=2"])
     deadline = time.monotonic() + 300
     while lines(groups_path) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()[-3000:]
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     assert proc.wait(timeout=120) != 0
     client, run = mlflow_run(tmp_path)
     assert run.info.status == "KILLED"

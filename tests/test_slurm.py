@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -52,6 +51,36 @@ def test_in_a_slurm_job_its_time_limit_signal_leaves_as_stopped_by_slurm(monkeyp
         assert (signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGTERM)) == before
 
 
+def test_a_slurm_signal_in_the_event_loop_lets_the_code_it_lands_in_finish_and_stops_the_run_at_its_next_await(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Raised by the handler itself, the interrupt lands wherever the main thread is: here inside a
+    # section that holds a lock, as a logging handler holds its own before the `try` that releases
+    # it (the next thread to log would wait forever, and the job with it).
+    import asyncio
+    import threading
+
+    from opd.event_loop import run_loop
+    from opd.sweep.slurm import StoppedBySlurm, stopped_by_slurm
+
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    lock = threading.Lock()
+    sections: list[int] = []
+
+    async def run() -> None:
+        for step in range(50):
+            if step == 1:
+                threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            lock.acquire()
+            time.sleep(0.5)  # the signal comes in step 1's section
+            sections.append(step)
+            lock.release()
+            await asyncio.sleep(0)
+
+    with pytest.raises(StoppedBySlurm, match="Slurm sent SIGTERM: it was cancelled"):
+        with stopped_by_slurm():
+            run_loop(run())
+    assert sections == [0, 1] and not lock.locked()
+
+
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[SlurmCluster]:
     reason = unavailable()
@@ -78,22 +107,68 @@ def test_the_fixture_cluster_runs_a_job_in_its_partition(slurm: SlurmCluster, tm
     assert (job["JobState"], job["Partition"], job["NodeList"]) == ("COMPLETED", slurm.partition, slurm.node)
 
 
-def _slurm_sweep(slurm: SlurmCluster, tmp_path: Path, fixture_model: str, url: str, args: list[str], timeout_min: int = 15,
-                 sweep_dir: str = "sweep") -> tuple[subprocess.CompletedProcess, str]:
+class _Sweep:
     """`python -m experiments.launch -m hydra/launcher=slurm ...` submitted to `slurm`, the jobs
-    served by the scripted server at `url`, MLflow and the sweep dir in tmp_path; (the finished launcher, its store)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**slurm.env, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    env.pop("MLFLOW_RUN_ID", None)
-    proc = subprocess.run([
-        sys.executable, "-m", "experiments.launch", "-m", "hydra/launcher=slurm",
-        # The cluster's partition and sizes (the config's defaults are a real cluster's).
-        f"hydra.launcher.partition={slurm.partition}", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
-        f"hydra.launcher.timeout_min={timeout_min}", "runner.progress=false",
-        "server=vllm", f"server.model={fixture_model}", f"server.base_urls=[{url}]",
-        f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path / 'mlruns'}", f"hydra.sweep.dir={tmp_path}/{sweep_dir}", *args,
-    ], cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
-    return proc, uri
+    served by the scripted server at `url`, MLflow and the sweep dir in tmp_path; its stderr in
+    tmp_path/launcher.err."""
+
+    def __init__(self, slurm: SlurmCluster, tmp_path: Path, fixture_model: str, url: str, args: list[str], timeout_min: int = 15,
+                 sweep_dir: str = "sweep") -> None:
+        self.slurm, self.tmp_path = slurm, tmp_path
+        self.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        env = {**slurm.env, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+        env.pop("MLFLOW_RUN_ID", None)
+        self.stderr = tmp_path / "launcher.err"
+        with self.stderr.open("w") as err:
+            self.proc = subprocess.Popen([
+                sys.executable, "-m", "experiments.launch", "-m", "hydra/launcher=slurm",
+                # The cluster's partition and sizes (the config's defaults are a real cluster's).
+                f"hydra.launcher.partition={slurm.partition}", "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
+                f"hydra.launcher.timeout_min={timeout_min}", "runner.progress=false",
+                "server=vllm", f"server.model={fixture_model}", f"server.base_urls=[{url}]",
+                f"tracking.uri={self.uri}", f"tracking.artifact_root={tmp_path / 'mlruns'}", f"hydra.sweep.dir={tmp_path}/{sweep_dir}", *args,
+            ], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def finished(self, timeout_s: float) -> tuple[subprocess.CompletedProcess, str]:
+        """(the exited launcher with its stderr, its store); a launcher still waiting after
+        `timeout_s` is killed and the test fails with what the launcher, the jobs and Slurm said."""
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the launcher still waited after {timeout_s:.0f} s\n{self.stop()}")
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, "", self.stderr.read_text(errors="replace")), self.uri
+
+    def stop(self) -> str:
+        """Kill the launcher (its jobs stay for the cluster to end); what it, the jobs and Slurm said."""
+        said = self._diagnosis()
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        return said
+
+    def _diagnosis(self) -> str:
+        def tail(text: str, chars: int = 3000) -> str:
+            return text[-chars:].strip()
+
+        parts = [f"--- launcher stderr:\n{tail(self.stderr.read_text(errors='replace'))}"]
+        for args in (("squeue", "--states=all", f"--partition={self.slurm.partition}"), ("scontrol", "-o", "show", "job")):
+            try:
+                parts.append(f"--- {' '.join(args)}:\n{tail(self.slurm.command(*args))}")
+            except (RuntimeError, subprocess.TimeoutExpired) as err:
+                parts.append(f"--- {' '.join(args)}: {err}")
+        for log in sorted(self.tmp_path.glob("*/.submitit/*/*_log.*")) + sorted(self.tmp_path.glob("*/*/.submitit/*/*_log.*")):
+            parts.append(f"--- {log.relative_to(self.tmp_path)}:\n{tail(log.read_text(errors='replace'))}")
+        for daemon in ("slurmctld", "slurmd"):
+            parts.append(f"--- {daemon}.log:\n{tail(self.slurm.log(daemon))}")
+        return "\n".join(parts)
+
+
+def _slurm_sweep(slurm: SlurmCluster, tmp_path: Path, fixture_model: str, url: str, args: list[str],
+                 sweep_dir: str = "sweep") -> tuple[subprocess.CompletedProcess, str]:
+    """A `_Sweep` run to its end: (the exited launcher, its store)."""
+    return _Sweep(slurm, tmp_path, fixture_model, url, args, sweep_dir=sweep_dir).finished(420)
 
 
 def _mlflow_runs(uri: str):
@@ -164,11 +239,13 @@ def test_a_reward_weight_sweep_runs_as_slurm_jobs_and_nests_in_mlflow(slurm: Slu
     assert logged == {"compare/compare.csv", "compare/compare.png"}
 
 
-def _wait_for_a_group(groups: Path, sweep: Future) -> None:
+def _wait_for_a_group(groups: Path, sweep: _Sweep) -> None:
     """Until the sweep's job has written a group to `groups` (the launcher still running)."""
     deadline = time.monotonic() + 240
     while not (groups.exists() and groups.stat().st_size > 0):
-        assert not sweep.done() and time.monotonic() < deadline, "the job wrote no group"
+        assert sweep.running(), f"the launcher exited before its job wrote a group:\n{sweep.stderr.read_text()[-3000:]}"
+        if time.monotonic() > deadline:
+            pytest.fail(f"the job wrote no group in 240 s\n{sweep.stop()}")
         time.sleep(0.5)
 
 
@@ -189,16 +266,15 @@ def test_a_job_past_its_time_limit_stops_killed_with_its_groups_kept(slurm: Slur
     from opd.records import read_groups
 
     with scripted_server(3.0) as url:
-        with ThreadPoolExecutor(1) as pool:
-            sweep = pool.submit(_slurm_sweep, slurm, tmp_path, fixture_model, url, [
-                "env=inline_math", "seed=0", "total_steps=500", "group_size=1", "runner.groups_in_flight=2", "hydra.launcher.signal_delay_s=60",
-            ], timeout_min=3)
-            _wait_for_a_group(tmp_path / "sweep" / "0" / "groups.jsonl", sweep)
-            (job_id,) = slurm.command("squeue", "--noheader", "--states=RUNNING", "--format=%i", f"--partition={slurm.partition}").split()
-            job = slurm.job(job_id)
-            assert job["TimeLimit"] == "00:03:00"  # hydra.launcher.timeout_min
-            slurm.command("scontrol", "update", f"JobId={job_id}", f"TimeLimit={_seconds(job['RunTime']) // 60 + 2}")
-            proc, uri = sweep.result(timeout=300)
+        sweep = _Sweep(slurm, tmp_path, fixture_model, url, [
+            "env=inline_math", "seed=0", "total_steps=500", "group_size=1", "runner.groups_in_flight=2", "hydra.launcher.signal_delay_s=60",
+        ], timeout_min=3)
+        _wait_for_a_group(tmp_path / "sweep" / "0" / "groups.jsonl", sweep)
+        (job_id,) = slurm.command("squeue", "--noheader", "--states=RUNNING", "--format=%i", f"--partition={slurm.partition}").split()
+        job = slurm.job(job_id)
+        assert job["TimeLimit"] == "00:03:00"  # hydra.launcher.timeout_min
+        slurm.command("scontrol", "update", f"JobId={job_id}", f"TimeLimit={_seconds(job['RunTime']) // 60 + 2}")
+        proc, uri = sweep.finished(300)
     assert proc.returncode != 0
     assert "StoppedBySlurm: Slurm sent SIGUSR2: its time limit is near" in proc.stderr
     _, parents, children = _mlflow_runs(uri)
@@ -215,14 +291,13 @@ def test_a_cancelled_job_stops_killed_and_the_launcher_says_so(slurm: SlurmClust
     from experiments.bench import scripted_server
 
     with scripted_server(3.0) as url:
-        with ThreadPoolExecutor(1) as pool:
-            sweep = pool.submit(_slurm_sweep, slurm, tmp_path, fixture_model, url, [
-                "env=inline_math", "seed=0", "total_steps=500", "group_size=1", "runner.groups_in_flight=2",
-            ])
-            # Cancel once the job has written a group.
-            _wait_for_a_group(tmp_path / "sweep" / "0" / "groups.jsonl", sweep)
-            slurm.command("scancel", "--partition", slurm.partition)
-            proc, uri = sweep.result(timeout=300)
+        sweep = _Sweep(slurm, tmp_path, fixture_model, url, [
+            "env=inline_math", "seed=0", "total_steps=500", "group_size=1", "runner.groups_in_flight=2",
+        ])
+        # Cancel once the job has written a group.
+        _wait_for_a_group(tmp_path / "sweep" / "0" / "groups.jsonl", sweep)
+        slurm.command("scancel", "--partition", slurm.partition)
+        proc, uri = sweep.finished(300)
     assert proc.returncode != 0
     assert "StoppedBySlurm: Slurm sent SIGTERM: it was cancelled" in proc.stderr
     _, parents, children = _mlflow_runs(uri)

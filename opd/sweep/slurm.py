@@ -6,8 +6,9 @@ and on SIGUSR2 either requeue the job and exit (preempted) or, with hydra-submit
 `max_num_timeout: 0`, raise an ordinary exception (timed out) in whatever the main thread runs: a
 group's `except Exception` counts it as a failed group and the run goes on until SIGKILL, leaving
 its MLflow run RUNNING and (without accounting, as on the test cluster) the launcher waiting for a
-result that never comes. Here both signals raise KeyboardInterrupt instead, which nothing catches
-on the way: servers stop, the run ends KILLED with its written groups kept, and the job then raises
+result that never comes. Here both signals stop the run as Ctrl-C does (`opd.event_loop.interrupt`:
+cancelled at its next await while its event loop runs, interrupted at once outside it), ending in
+a KeyboardInterrupt that nothing catches on the way: servers stop, the run ends KILLED with its written groups kept, and the job then raises
 `StoppedBySlurm`, which submitit records as the job's result, so the launcher reports it and the
 sweep's parent ends FAILED. A preempted job is therefore not requeued (a sweep job cannot resume:
 its rerun would find its groups and refuse to start).
@@ -22,6 +23,8 @@ import signal
 from types import FrameType
 from typing import Iterator
 
+from opd.event_loop import interrupt
+
 logger = logging.getLogger(__name__)
 
 SIGNALS = {signal.SIGUSR2: "its time limit is near (timeout_min) or it was preempted", signal.SIGTERM: "it was cancelled or reached its time limit"}
@@ -32,7 +35,7 @@ class StoppedBySlurm(RuntimeError):
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"Slurm sent {signal.Signals(signum).name}: {SIGNALS[signal.Signals(signum)]}")
+    interrupt(f"Slurm sent {signal.Signals(signum).name}: {SIGNALS[signal.Signals(signum)]}")
 
 
 @contextlib.contextmanager
