@@ -81,6 +81,42 @@ def test_a_slurm_signal_in_the_event_loop_lets_the_code_it_lands_in_finish_and_s
     assert sections == [0, 1] and not lock.locked()
 
 
+def test_without_accounting_job_states_come_from_scontrol_and_a_forgotten_job_has_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # sacct and scontrol as a cluster without accounting answers them (the real ones run in the
+    # slurm tier below); `answer` holds what scontrol says next.
+    from opd.sweep.slurm_watch import GONE, JobStates
+
+    answer = tmp_path / "answer"
+    (tmp_path / "sacct").write_text("#!/bin/sh\necho 'Slurm accounting storage is disabled' >&2\nexit 1\n")
+    (tmp_path / "scontrol").write_text(f"#!/bin/sh\ncat {answer}.out\ncat {answer}.err >&2\nexit $(cat {answer}.rc)\n")
+    for tool in ("sacct", "scontrol"):
+        (tmp_path / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+    def scontrol(out: str, err: str = "", rc: int = 0) -> None:
+        for suffix, text in ((".out", out), (".err", err), (".rc", str(rc))):
+            answer.with_suffix(suffix).write_text(text)
+
+    watcher = JobStates(delay_s=600)
+    for job in ("7_0", "7_1", "7_2", "7_3", "7_4", "9"):
+        watcher.register_job(job)
+    scontrol("JobId=8 ArrayJobId=7 ArrayTaskId=0 JobState=RUNNING NodeList=n1\n"
+             "JobId=10 ArrayJobId=7 ArrayTaskId=1 JobState=FAILED NodeList=n2\n"
+             "JobId=7 ArrayJobId=7 ArrayTaskId=2-3%16 JobState=PENDING NodeList=(null)\n")
+    watcher.update()
+    assert not watcher.accounting
+    states = {job: watcher.get_state(job, mode="cache") for job in ("7_0", "7_1", "7_2", "7_3", "7_4")}
+    assert states == {"7_0": "RUNNING", "7_1": "FAILED", "7_2": "PENDING", "7_3": "PENDING", "7_4": GONE}
+    assert [watcher.is_done(job, mode="cache") for job in ("7_0", "7_1", "7_2", "7_4")] == [False, True, False, True]
+    # A failed call changes nothing; a job slurmctld no longer knows has ended.
+    scontrol("", "slurm_load_jobs error: Socket timed out on send/recv operation", 1)
+    watcher.update()
+    assert watcher.get_state("7_0", mode="cache") == "RUNNING" and watcher.get_state("9", mode="cache") == "UNKNOWN"
+    scontrol("", "slurm_load_jobs error: Invalid job id specified", 1)
+    watcher.update()
+    assert watcher.get_state("7_0", mode="cache") == GONE and watcher.get_state("9", mode="cache") == GONE
+
+
 @pytest.fixture(scope="module")
 def slurm() -> Iterator[SlurmCluster]:
     reason = unavailable()
@@ -303,3 +339,28 @@ def test_a_cancelled_job_stops_killed_and_the_launcher_says_so(slurm: SlurmClust
     _, parents, children = _mlflow_runs(uri)
     assert [p.info.status for p in parents] == ["FAILED"]
     assert [c.info.status for c in children] == ["KILLED"]
+
+
+@pytest.mark.slurm
+def test_a_job_killed_without_a_result_fails_the_sweep_on_a_cluster_without_accounting(slurm: SlurmCluster, tmp_path: Path, fixture_model: str) -> None:
+    # The test cluster keeps no accounting, so `sacct` cannot say the job ended: submitit alone
+    # would wait for its result forever (opd/sweep/slurm_watch.py).
+    import psutil
+
+    from experiments.bench import scripted_server
+
+    with scripted_server(3.0) as url:
+        sweep = _Sweep(slurm, tmp_path, fixture_model, url, ["env=inline_math", "seed=0", "total_steps=500", "group_size=1"])
+        _wait_for_a_group(tmp_path / "sweep" / "0" / "groups.jsonl", sweep)
+        # As the OOM killer would: the job's process dies at once, with no result written.
+        (job,) = [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0] == sys.executable
+                  and "submitit.core._submit" in p.info["cmdline"] and str(tmp_path) in " ".join(p.info["cmdline"])]
+        job.kill()
+        proc, uri = sweep.finished(180)
+    assert proc.returncode != 0
+    assert "has not produced any output (state: FAILED)" in proc.stderr and f"srun: error: {slurm.node}: task 0: Killed" in proc.stderr
+    assert "Bypassing sacct error" not in proc.stderr  # no warning at every poll
+    _, parents, children = _mlflow_runs(uri)
+    assert [p.info.status for p in parents] == ["FAILED"]
+    assert [c.info.status for c in children] == ["FAILED"]  # left RUNNING by the job, closed by the launcher
+

@@ -84,6 +84,10 @@ class SweepCallback(Callback):
         launcher = str(OmegaConf.select(hydra_cfg, "launcher._target_") or "")
         jobs = count_jobs(task, str(OmegaConf.select(hydra_cfg, "sweeper._target_") or ""), params, OmegaConf.select(hydra_cfg, "sweeper.n_trials"))
         parallel = "joblib" in launcher and OmegaConf.select(hydra_cfg, "launcher.n_jobs") not in (1,)
+        if launcher.endswith(".SlurmLauncher"):
+            from opd.sweep.slurm_watch import watch_jobs
+
+            watch_jobs()  # a job that ends without a result fails, on a cluster without accounting too
         state = SweepState(sweep_dir=str(sweep_dir), swept=swept_keys(task, params), jobs=jobs, started=time.time(), parallel=parallel)
         # Registered before anything is created, so a failure below still closes what exists.
         atexit.register(self._finish, completed=False)
