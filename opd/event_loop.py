@@ -10,11 +10,10 @@ A stop signal (SIGTERM, Slurm's warning) goes through `interrupt`. While `run_lo
 thread, the first one cancels the loop's main task, as asyncio itself does on Ctrl-C: the run stops
 at its next `await` and unwinds (groups in flight cancelled, sinks closed KILLED), and `run_loop`
 then raises KeyboardInterrupt with the signal's reason. An exception raised by the signal handler
-itself would land between any two bytecodes of whatever the main thread runs: inside the loop's own
-bookkeeping, or after a logging handler has taken its lock and before the `try` that releases it, so
-that the next thread to log waits forever and the run never ends (under Slurm: SIGKILL, no result,
-and a launcher without accounting waits for it). Outside the loop, or at a second signal, the
-handler raises at once.
+itself lands between any two bytecodes of whatever the main thread runs: inside the loop's own
+bookkeeping (a callback taken off the ready queue and never run) or in a section between taking a
+lock and the `try` that gives it back, code that was not written to be interrupted. Outside the
+loop, or at a second signal, the handler raises at once (as a second Ctrl-C does).
 """
 
 from __future__ import annotations

@@ -53,8 +53,7 @@ def test_in_a_slurm_job_its_time_limit_signal_leaves_as_stopped_by_slurm(monkeyp
 
 def test_a_slurm_signal_in_the_event_loop_lets_the_code_it_lands_in_finish_and_stops_the_run_at_its_next_await(monkeypatch: pytest.MonkeyPatch) -> None:
     # Raised by the handler itself, the interrupt lands wherever the main thread is: here inside a
-    # section that holds a lock, as a logging handler holds its own before the `try` that releases
-    # it (the next thread to log would wait forever, and the job with it).
+    # section that holds a lock and gives it back without a `try` (the next taker would wait forever).
     import asyncio
     import threading
 

@@ -8,10 +8,11 @@ group's `except Exception` counts it as a failed group and the run goes on until
 its MLflow run RUNNING and (without accounting, as on the test cluster) the launcher waiting for a
 result that never comes. Here both signals stop the run as Ctrl-C does (`opd.event_loop.interrupt`:
 cancelled at its next await while its event loop runs, interrupted at once outside it), ending in
-a KeyboardInterrupt that nothing catches on the way: servers stop, the run ends KILLED with its written groups kept, and the job then raises
-`StoppedBySlurm`, which submitit records as the job's result, so the launcher reports it and the
-sweep's parent ends FAILED. A preempted job is therefore not requeued (a sweep job cannot resume:
-its rerun would find its groups and refuse to start).
+a KeyboardInterrupt that nothing catches on the way: servers stop, the run ends KILLED with its
+written groups kept, and the job then raises `StoppedBySlurm`, which submitit records as the job's
+result, so the launcher reports it and the sweep's parent ends FAILED. A preempted job is therefore
+not requeued (a sweep job cannot resume: its rerun would find its groups and refuse to start). A
+job that ends without a result at all is the launcher's to notice (`opd.sweep.slurm_watch`).
 """
 
 from __future__ import annotations
